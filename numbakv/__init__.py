@@ -1,0 +1,35 @@
+"""numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
+
+Importing this package imports no numba: names are resolved on first use, so
+`numbakv.reference`, `numbakv.errors` and `numbakv.viz` stay numba-free.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "CacheConfig": "numbakv.config",
+    "Snapshot": "numbakv.snapshot",
+    "CacheError": "numbakv.errors",
+    "ConfigError": "numbakv.errors",
+    "SequenceError": "numbakv.errors",
+    "CapacityError": "numbakv.errors",
+    "AllocationError": "numbakv.errors",
+    "StepError": "numbakv.errors",
+    "BindingError": "numbakv.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'numbakv' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

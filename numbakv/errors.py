@@ -1,0 +1,33 @@
+"""The error hierarchy of SPEC §6, shared by both implementations (no numba import).
+
+Every refused call raises one of these and changes nothing. Messages say what was
+asked, what the limit or state was, and what to do.
+"""
+
+
+class CacheError(Exception):
+    """Base class of every error numbakv raises on purpose."""
+
+
+class ConfigError(CacheError):
+    """A `CacheConfig` field is outside its bound."""
+
+
+class SequenceError(CacheError):
+    """A sequence id is not live, or a position is outside the sequence."""
+
+
+class CapacityError(CacheError):
+    """The cache is full: no free cell or no free sequence id for the request."""
+
+
+class AllocationError(CapacityError):
+    """The pool could not allocate storage to grow; the cache is as it was."""
+
+
+class StepError(CacheError):
+    """The step protocol was not followed: nothing declared, a stale `Step`, a bad shape."""
+
+
+class BindingError(CacheError):
+    """A recorded launch or captured graph refers to storage that has since moved."""

@@ -1,0 +1,86 @@
+"""Attention through cells (SPEC §5) and the solo oracle that knows nothing of cells."""
+
+import numpy as np
+
+
+def default_scale(head_dim: int) -> np.float32:
+    """1 / sqrt(head_dim) as float32."""
+    return np.float32(1.0 / np.sqrt(head_dim))
+
+
+def softmax_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:
+    """[n_heads, head_dim] float32: one token's attention over the keys it sees.
+
+    q : [n_heads, head_dim] float32
+    k : [n_keys, n_kv_heads, head_dim] float32, v the same; query head h reads
+        KV head h // (n_heads // n_kv_heads). No keys gives zeros.
+    """
+    n_heads, head_dim = q.shape
+    if len(k) == 0:
+        return np.zeros((n_heads, head_dim), dtype=np.float32)
+    kv_head = np.arange(n_heads) // (n_heads // k.shape[1])
+    scores = np.einsum("hd,khd->hk", q, k[:, kv_head]) * scale  # [n_heads, n_keys]
+    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+    weights /= weights.sum(axis=1, keepdims=True)
+    return np.einsum("hk,khd->hd", weights, v[:, kv_head]).astype(np.float32)
+
+
+def attend_cells(
+    q: np.ndarray,
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+    mask: np.ndarray,
+    scale: np.float32,
+) -> np.ndarray:
+    """[width, n_heads, head_dim] float32: each token attends the cells its mask row allows.
+
+    q      : [width, n_heads, head_dim] float32
+    k_pool : [rows, n_kv_heads, head_dim] storage dtype, v_pool the same
+    mask   : [width, read_len] uint8, 1 = attend
+
+    Only the attended cells are read, so free or foreign cells may hold anything.
+    """
+    out = np.zeros(q.shape, dtype=np.float32)
+    for t in range(len(mask)):
+        cells = np.flatnonzero(mask[t])
+        k = k_pool[cells].astype(np.float32)
+        v = v_pool[cells].astype(np.float32)
+        out[t] = softmax_attend(q[t], k, v, scale)
+    return out
+
+
+def solo_attention(
+    q: np.ndarray,
+    k_hist: np.ndarray,
+    v_hist: np.ndarray,
+    positions: np.ndarray,
+    window: int,
+    scale: float | None = None,
+) -> np.ndarray:
+    """[n, n_heads, head_dim] float32: attention of one sequence over its own history.
+
+    q         : [n, n_heads, head_dim], the queries of n tokens of one sequence
+    k_hist    : [length, n_kv_heads, head_dim], the sequence's keys by position; v_hist the same
+    positions : [n] int, position of each query token (< length)
+    window    : 0 = global, W > 0 = the token at p sees positions max(0, p-W+1) .. p
+    scale     : default 1 / sqrt(head_dim)
+
+    No cells, no bitsets, no masks: the oracle that batched attention through cells
+    must equal.
+    """
+    q = np.asarray(q, dtype=np.float32)
+    k_hist = np.asarray(k_hist, dtype=np.float32)
+    v_hist = np.asarray(v_hist, dtype=np.float32)
+    n, n_heads, head_dim = q.shape
+    group = n_heads // k_hist.shape[1]
+    scale = default_scale(head_dim) if scale is None else np.float32(scale)
+    out = np.zeros(q.shape, dtype=np.float32)
+    for i, p in enumerate(np.asarray(positions).tolist()):
+        first = max(0, p - window + 1) if window > 0 else 0
+        for h in range(n_heads):
+            keys = k_hist[first : p + 1, h // group]  # [seen, head_dim]
+            values = v_hist[first : p + 1, h // group]
+            scores = keys @ q[i, h] * scale
+            weights = np.exp(scores - scores.max())
+            out[i, h] = weights @ values / weights.sum()
+    return out

@@ -1,0 +1,71 @@
+"""The KV pool of SPEC §4: per layer one K and one V array that grow, never shrink."""
+
+from collections.abc import Callable
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.errors import AllocationError
+
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The default allocator: zeroed host memory."""
+    return np.zeros(shape, dtype=dtype)
+
+
+class KVPool:
+    """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are [rows, n_kv_heads, head_dim].
+
+    rows starts at 0 and grows by `grow_to`; `allocator(shape, dtype)` makes every array
+    and may raise MemoryError or AllocationError to refuse (tests inject one that does).
+    """
+
+    def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
+        self.config = config
+        self.allocator = allocator
+        self.k: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.rows = 0
+        self.generation = 0
+        self.growth_count = 0
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K and V storage over all layers."""
+        return self.rows * self.config.n_layers * self.config.row_bytes
+
+    def target_rows(self, required: int) -> int:
+        """Rows after growing to hold `required` cells (required <= capacity)."""
+        if required <= self.rows:
+            return self.rows
+        if self.rows == 0:
+            return max(self.config.initial_cells, required)
+        return min(self.config.capacity, max(required, 2 * self.rows))
+
+    def grow_to(self, required: int, read_len: int) -> None:
+        """Makes rows >= required, keeping rows [0, read_len) bit-exact.
+
+        Transactional: every new array is allocated before any is copied, so an
+        AllocationError leaves the pool as it was.
+        """
+        rows = self.target_rows(required)
+        if rows == self.rows:
+            return
+        shape = (rows, self.config.n_kv_heads, self.config.head_dim)
+        try:
+            fresh = [self.allocator(shape, np.dtype(self.config.dtype)) for _ in range(2 * self.config.n_layers)]
+        except MemoryError as error:
+            raise AllocationError(
+                f"could not allocate {rows} rows of K/V ({rows * self.config.n_layers * self.config.row_bytes} "
+                f"bytes) to grow from {self.rows}; free sequences or lower capacity, then retry the step"
+            ) from error
+        for new, old in zip(fresh, self.k + self.v):
+            new[:read_len] = old[:read_len]
+        n = self.config.n_layers
+        self.k, self.v = fresh[:n], fresh[n:]
+        if self.rows:
+            self.growth_count += 1
+        self.rows = rows
+        self.generation += 1

@@ -1,0 +1,171 @@
+"""The cell table of SPEC §2: per cell a position and an owner bitset, per id a live flag."""
+
+import operator
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.errors import CapacityError, SequenceError
+from numbakv.snapshot import Snapshot
+
+
+class CellTable:
+    """Which cell holds which position of which sequences.
+
+    pos    : [capacity] int32, -1 = free
+    owners : [capacity, n_owner_words] uint64, bit `s % 64` of word `s // 64` = sequence s
+    live   : [max_seqs] bool
+
+    Invariant: every cell at or past `read_len` is free, so every search below stops
+    at `read_len`.
+    """
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        self.pos = np.full(config.capacity, -1, dtype=np.int32)
+        self.owners = np.zeros((config.capacity, config.n_owner_words), dtype=np.uint64)
+        self.live = np.zeros(config.max_seqs, dtype=bool)
+        self.read_len = 0
+
+    # -- queries ---------------------------------------------------------------
+
+    def holds(self, seq: int) -> np.ndarray:
+        """[read_len] bool: which cells have `seq`'s owner bit."""
+        word, bit = _bit(seq)
+        return (self.owners[: self.read_len, word] & bit) != 0
+
+    def length(self, seq: int) -> int:
+        """pos(seq): the positions `seq` holds, which is the position of its next token."""
+        return int(np.count_nonzero(self.holds(seq)))
+
+    @property
+    def used_cells(self) -> int:
+        return int(np.count_nonzero(self.pos[: self.read_len] >= 0))
+
+    @property
+    def free_cells(self) -> int:
+        return self.config.capacity - self.used_cells
+
+    def check_live(self, seq) -> int:
+        """`seq` as an int, or SequenceError when it is not a live id."""
+        try:
+            seq = operator.index(seq)
+        except TypeError:
+            raise SequenceError(f"sequence id must be an integer, got {seq!r}") from None
+        if not (0 <= seq < self.config.max_seqs and self.live[seq]):
+            raise SequenceError(
+                f"sequence {seq} is not live (live ids: {np.flatnonzero(self.live).tolist()}); "
+                "get one from seq_new() or seq_clone()"
+            )
+        return seq
+
+    def snapshot(self, rows: int) -> Snapshot:
+        return Snapshot(
+            pos=self.pos.copy(),
+            owners=self.owners.copy(),
+            live=self.live.copy(),
+            read_len=self.read_len,
+            capacity=self.config.capacity,
+            rows=rows,
+        )
+
+    # -- verbs -----------------------------------------------------------------
+
+    def seq_new(self) -> int:
+        seq = self._free_id()
+        self.live[seq] = True
+        return seq
+
+    def seq_clone(self, src, upto=None) -> int:
+        src = self.check_live(src)
+        n = self.length(src)
+        upto = n if upto is None else _position("upto", upto, n, src)
+        seq = self._free_id()
+        shared = self.holds(src) & (self.pos[: self.read_len] < upto)
+        word, bit = _bit(seq)
+        self.owners[: self.read_len, word][shared] |= bit
+        self.live[seq] = True
+        return seq
+
+    def seq_rm(self, seq) -> None:
+        seq = self.check_live(seq)
+        self._drop(self.holds(seq), seq)
+        self.live[seq] = False
+
+    def rewind(self, seq, position) -> None:
+        seq = self.check_live(seq)
+        position = _position("position", position, self.length(seq), seq)
+        self._drop(self.holds(seq) & (self.pos[: self.read_len] >= position), seq)
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.owners[:] = 0
+        self.live[:] = False
+        self.read_len = 0
+
+    # -- placement -------------------------------------------------------------
+
+    def positions_of(self, seq_ids: np.ndarray) -> np.ndarray:
+        """[n] int32: token i of sequence s gets pos(s) + (earlier tokens of s in seq_ids)."""
+        positions = np.empty(len(seq_ids), dtype=np.int32)
+        next_pos = {}
+        for i, seq in enumerate(seq_ids.tolist()):
+            if seq not in next_pos:
+                next_pos[seq] = self.length(seq)
+            positions[i] = next_pos[seq]
+            next_pos[seq] += 1
+        return positions
+
+    def find_cells(self, n: int) -> np.ndarray:
+        """[n] int32: the n lowest free cells, ascending; holes below read_len come first.
+
+        Pure: claims nothing. The caller has checked that n cells are free.
+        """
+        holes = np.flatnonzero(self.pos[: self.read_len] < 0)
+        fresh = np.arange(self.read_len, self.read_len + n)
+        return np.concatenate([holes, fresh])[:n].astype(np.int32)
+
+    def claim(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
+        """Writes position and owner bit of each placed token into its cell."""
+        self.pos[cells] = positions
+        for cell, seq in zip(cells.tolist(), seq_ids.tolist()):
+            word, bit = _bit(seq)
+            self.owners[cell, word] |= bit
+        self.read_len = max(self.read_len, int(cells.max()) + 1)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _free_id(self) -> int:
+        free_ids = np.flatnonzero(~self.live)
+        if len(free_ids) == 0:
+            raise CapacityError(
+                f"all {self.config.max_seqs} sequence ids are live; "
+                "seq_rm() one or raise max_seqs"
+            )
+        return int(free_ids[0])
+
+    def _drop(self, cells: np.ndarray, seq: int) -> None:
+        """Clears `seq`'s bit on `cells` ([read_len] bool), frees cells left unowned, trims."""
+        word, bit = _bit(seq)
+        self.owners[: self.read_len, word][cells] &= ~bit
+        unowned = ~self.owners[: self.read_len].any(axis=1)
+        self.pos[: self.read_len][unowned] = -1
+        occupied = np.flatnonzero(self.pos[: self.read_len] >= 0)
+        self.read_len = int(occupied[-1]) + 1 if len(occupied) else 0
+
+
+def _bit(seq: int) -> tuple[int, np.uint64]:
+    """(word, mask) of sequence `seq` in an owner bitset."""
+    return seq // 64, np.uint64(1) << np.uint64(seq % 64)
+
+
+def _position(name: str, value, n: int, seq: int) -> int:
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise SequenceError(f"{name} must be an integer, got {value!r}") from None
+    if not 0 <= value <= n:
+        raise SequenceError(
+            f"{name}={value} is outside [0, {n}] for sequence {seq}, which holds {n} positions"
+        )
+    return value
