@@ -15,8 +15,14 @@ from numbakv.viz import render_text
 from numbakv.viz.text import cell_char
 
 CONFIG = CacheConfig(
-    n_layers=2, n_kv_heads=2, head_dim=16, windows=(0, 8),
-    capacity=256, max_width=32, max_seqs=8, initial_cells=16,
+    n_layers=2,
+    n_kv_heads=2,
+    head_dim=16,
+    windows=(0, 8),
+    capacity=256,
+    max_width=32,
+    max_seqs=8,
+    initial_cells=16,
 )
 N_HEADS = 4
 
@@ -33,7 +39,10 @@ class Workload:
 
     def new(self) -> int:
         seq = self.cache.seq_new()
-        self.history[seq] = [np.zeros((0, 2, CONFIG.n_kv_heads, CONFIG.head_dim), np.float32)] * CONFIG.n_layers
+        cfg = self.cache.config
+        self.history[seq] = [
+            np.zeros((0, 2, cfg.n_kv_heads, cfg.head_dim), np.float32)
+        ] * cfg.n_layers
         return seq
 
     def clone(self, src: int, upto: int) -> int:
@@ -63,9 +72,11 @@ class Workload:
             for t, seq in enumerate(seq_ids):
                 kv = np.stack([k[t], v[t]])[None].astype(cfg.dtype).astype(np.float32)
                 self.history[seq][layer] = np.concatenate([self.history[seq][layer], kv])
-            for t, (seq, p) in enumerate(zip(seq_ids, step.positions.tolist())):
+            for t, (seq, p) in enumerate(zip(seq_ids, step.positions.tolist(), strict=True)):
                 hist = self.history[seq][layer]
-                expect = solo_attention(q[t : t + 1], hist[:, 0], hist[:, 1], [p], cfg.windows[layer])
+                expect = solo_attention(
+                    q[t : t + 1], hist[:, 0], hist[:, 1], [p], cfg.windows[layer]
+                )
                 self.max_error = max(self.max_error, float(np.abs(got[t] - expect[0]).max()))
         self.n_steps += 1
         self.n_tokens += len(seq_ids)
@@ -99,7 +110,9 @@ def run(seed: int = 0, columns: int = 64, print_fn: Callable[[str], None] = prin
     show("seq_rm(b): b's cells are holes below read_len")
     e = work.new()
     work.step([e] * 10)
-    show("a new sequence takes the lowest free id (b again); its 10-token prefill refills the holes")
+    show(
+        "a new sequence takes the lowest free id (b again); its 10-token prefill refills the holes"
+    )
     work.rewind(c, 2)
     for _ in range(3):
         work.step([c, e])

@@ -5,6 +5,7 @@ Imports no numba. Same public API and errors as `numbakv`; host arrays everywher
 
 from numbakv.config import CacheConfig
 from numbakv.snapshot import Snapshot
+
 from .attention import solo_attention
 from .cache import CellCache
 from .step import Step

@@ -71,7 +71,7 @@ def solo_attention(
     q = np.asarray(q, dtype=np.float32)
     k_hist = np.asarray(k_hist, dtype=np.float32)
     v_hist = np.asarray(v_hist, dtype=np.float32)
-    n, n_heads, head_dim = q.shape
+    _, n_heads, head_dim = q.shape
     group = n_heads // k_hist.shape[1]
     scale = default_scale(head_dim) if scale is None else np.float32(scale)
     out = np.zeros(q.shape, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""`CellCache`: the NumPy reference of the whole contract (SPEC §2–§4, §8)."""
+"""`CellCache`: the NumPy reference of the whole contract (SPEC §2 to §4, §8)."""
 
 import operator
 
@@ -7,6 +7,7 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, StepError
 from numbakv.snapshot import Snapshot
+
 from .attention import attend_cells, default_scale
 from .pool import Allocator, KVPool, numpy_allocator
 from .step import Step, window_mask
@@ -90,7 +91,9 @@ class CellCache:
             b@0  0 0 1
         """
         if self._declared is None:
-            raise StepError("prepare_step() with nothing declared; call declare_step(seq_ids) first")
+            raise StepError(
+                "prepare_step() with nothing declared; call declare_step(seq_ids) first"
+            )
         seq_ids = self._check_declaration(self._declared)
         n = len(seq_ids)
         width = self._check_width(width, n)
@@ -146,15 +149,20 @@ class CellCache:
         step = self._current_step()
         layer = self._check_layer(layer)
         if layer not in self._written:
-            raise StepError(f"attend({layer}) before write({layer}) in this step; write the step's K/V first")
+            raise StepError(
+                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
+            )
         q = _host(q)
         n_heads = q.shape[1] if q.ndim == 3 else 0
         if n_heads == 0 or n_heads % self.config.n_kv_heads:
             raise StepError(
-                f"q has shape {q.shape}; expected [width={step.width}, n_heads, head_dim={self.config.head_dim}] "
-                f"with n_heads a positive multiple of n_kv_heads={self.config.n_kv_heads}"
+                f"q has shape {q.shape}; expected [width={step.width}, n_heads, "
+                f"head_dim={self.config.head_dim}] with n_heads a positive multiple of "
+                f"n_kv_heads={self.config.n_kv_heads}"
             )
-        q = self._check_shape("q", q, (step.width, n_heads, self.config.head_dim)).astype(np.float32)
+        q = self._check_shape("q", q, (step.width, n_heads, self.config.head_dim)).astype(
+            np.float32
+        )
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         mask = step.mask(self.config.windows[layer])
         return attend_cells(q, self._pool.k[layer], self._pool.v[layer], mask, scale)
@@ -233,7 +241,9 @@ class CellCache:
         seq_ids = [self._table.check_live(seq) for seq in seq_ids]
         n = len(seq_ids)
         if not 1 <= n <= self.config.max_width:
-            raise StepError(f"a step declares 1 to max_width={self.config.max_width} tokens, got {n}")
+            raise StepError(
+                f"a step declares 1 to max_width={self.config.max_width} tokens, got {n}"
+            )
         if self._table.free_cells < n:
             raise CapacityError(
                 f"the step declares {n} tokens but only {self._table.free_cells} of "
@@ -250,7 +260,8 @@ class CellCache:
             raise StepError(f"width must be an integer, got {width!r}") from None
         if not n <= width <= self.config.max_width:
             raise StepError(
-                f"width={width} must lie in [declared tokens={n}, max_width={self.config.max_width}]"
+                f"width={width} must lie in [declared tokens={n}, "
+                f"max_width={self.config.max_width}]"
             )
         return width
 

@@ -25,8 +25,9 @@ class KVPool:
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
         self.config = config
         self.allocator = allocator
-        self.k: list[np.ndarray] = []
-        self.v: list[np.ndarray] = []
+        empty = np.zeros((0, config.n_kv_heads, config.head_dim), dtype=config.dtype)
+        self.k = [empty] * config.n_layers
+        self.v = [empty] * config.n_layers
         self.rows = 0
         self.generation = 0
         self.growth_count = 0
@@ -55,13 +56,17 @@ class KVPool:
             return
         shape = (rows, self.config.n_kv_heads, self.config.head_dim)
         try:
-            fresh = [self.allocator(shape, np.dtype(self.config.dtype)) for _ in range(2 * self.config.n_layers)]
-        except MemoryError as error:
+            fresh = [
+                self.allocator(shape, np.dtype(self.config.dtype))
+                for _ in range(2 * self.config.n_layers)
+            ]
+        except (MemoryError, AllocationError) as error:
+            n_bytes = rows * self.config.n_layers * self.config.row_bytes
             raise AllocationError(
-                f"could not allocate {rows} rows of K/V ({rows * self.config.n_layers * self.config.row_bytes} "
-                f"bytes) to grow from {self.rows}; free sequences or lower capacity, then retry the step"
+                f"could not allocate {rows} rows of K/V ({n_bytes} bytes) to grow from "
+                f"{self.rows}; free sequences or lower capacity, then retry the step"
             ) from error
-        for new, old in zip(fresh, self.k + self.v):
+        for new, old in zip(fresh, self.k + self.v, strict=True):
             new[:read_len] = old[:read_len]
         n = self.config.n_layers
         self.k, self.v = fresh[:n], fresh[n:]

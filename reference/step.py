@@ -106,5 +106,7 @@ class Step:
         """[width, read_len] uint8 copy of the mask of `window` (1 = attend)."""
         self._check()
         if window not in self._masks:
-            raise StepError(f"no mask for window {window!r}; this cache's windows are {self.windows}")
+            raise StepError(
+                f"no mask for window {window!r}; this cache's windows are {self.windows}"
+            )
         return self._masks[window].copy()

@@ -128,7 +128,7 @@ class CellTable:
     def claim(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
         """Writes position and owner bit of each placed token into its cell."""
         self.pos[cells] = positions
-        for cell, seq in zip(cells.tolist(), seq_ids.tolist()):
+        for cell, seq in zip(cells.tolist(), seq_ids.tolist(), strict=True):
             word, bit = _bit(seq)
             self.owners[cell, word] |= bit
         self.read_len = max(self.read_len, int(cells.max()) + 1)
@@ -139,8 +139,7 @@ class CellTable:
         free_ids = np.flatnonzero(~self.live)
         if len(free_ids) == 0:
             raise CapacityError(
-                f"all {self.config.max_seqs} sequence ids are live; "
-                "seq_rm() one or raise max_seqs"
+                f"all {self.config.max_seqs} sequence ids are live; seq_rm() one or raise max_seqs"
             )
         return int(free_ids[0])
 
