@@ -11,6 +11,7 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.reference import CellCache, solo_attention
+from numbakv.trace import Recorder
 from numbakv.viz import render_text
 from numbakv.viz.text import cell_char
 
@@ -82,17 +83,26 @@ class Workload:
         self.n_tokens += len(seq_ids)
 
 
-def run(seed: int = 0, columns: int = 64, print_fn: Callable[[str], None] = print) -> Workload:
-    """Runs the demo workload and prints each phase; returns the finished workload."""
+def run(
+    seed: int = 0,
+    columns: int = 64,
+    trace_path: str | None = None,
+    print_fn: Callable[[str], None] = print,
+) -> Workload:
+    """Runs the demo workload and prints each phase; returns the finished workload.
+
+    trace_path : where to save the table after every step (a `numbakv.trace` .npz)
+    """
     work = Workload(CellCache(CONFIG), seed)
     cache = work.cache
+    recorder = Recorder(cache)
 
     def show(title: str) -> None:
         snap = cache.snapshot()
         print_fn(
             f"\n{title}\n  read_len {cache.read_len}  used {cache.used_cells}  "
             f"free {cache.free_cells}  rows {cache.rows}  growths {cache.growth_count}  "
-            f"live {' '.join(cell_char([s]) for s in cache.live_seqs)}"
+            f"live {' '.join(cell_char(s) for s in cache.live_seqs)}"
         )
         print_fn(render_text(snap, columns))
 
@@ -121,4 +131,7 @@ def run(seed: int = 0, columns: int = 64, print_fn: Callable[[str], None] = prin
         f"\n{work.n_steps} steps, {work.n_tokens} tokens; attention through cells vs solo "
         f"oracle: max |difference| = {work.max_error:.2e}"
     )
+    if trace_path:
+        recorder.save(trace_path)
+        print_fn(f"trace of {work.n_steps} steps saved to {trace_path}")
     return work

@@ -31,3 +31,7 @@ class StepError(CacheError):
 
 class BindingError(CacheError):
     """A recorded launch or captured graph refers to storage that has since moved."""
+
+
+class TraceError(CacheError):
+    """A trace file is corrupt, truncated or not a numbakv trace."""

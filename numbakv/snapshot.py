@@ -4,13 +4,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+FREE, SHARED = -1, -2
+
 
 @dataclass(frozen=True, eq=False)
 class Snapshot:
-    """The cell table at one moment.
+    """The cell table at one moment, cells [0, read_len) only: every cell past is free.
 
-    pos      : [capacity] int32, the position each cell holds, -1 = free
-    owners   : [capacity, ceil(max_seqs / 64)] uint64, owner bitset of each cell
+    pos      : [read_len] int32, the position each cell holds, -1 = free
+    owners   : [read_len, ceil(max_seqs / 64)] uint64, owner bitset of each cell
     live     : [max_seqs] bool, which sequence ids are live
     read_len : every occupied cell lies in [0, read_len)
     capacity : cells the pool may grow to
@@ -44,16 +46,30 @@ class Snapshot:
 
     @property
     def n_owners(self) -> np.ndarray:
-        """[capacity] int, how many sequences own each cell (0 = free, > 1 = shared)."""
-        counts = np.zeros(self.capacity, dtype=np.int64)
-        for word in range(self.owners.shape[1]):
-            bits = np.unpackbits(self.owners[:, word].view(np.uint8).reshape(-1, 8), axis=1)
-            counts += bits.sum(axis=1)
-        return counts
+        """[read_len] int, how many sequences own each cell (0 = free, > 1 = shared)."""
+        return np.bitwise_count(self.owners).sum(axis=1, dtype=np.int64)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """[read_len] int32: the owning id of each cell, FREE (-1) or SHARED (-2)."""
+        return owner_codes(self.owners)
 
     def owners_of(self, cell: int) -> list[int]:
         """The sequence ids owning `cell`, ascending (empty when free)."""
+        if cell >= self.read_len:
+            return []
         ids = []
         for w, word in enumerate(self.owners[cell].tolist()):
             ids += [w * 64 + b for b in range(64) if (word >> b) & 1]
         return ids
+
+
+def owner_codes(owners: np.ndarray) -> np.ndarray:
+    """[n] int32 from owner bitsets [n, words] uint64: the single owner's id, FREE or SHARED."""
+    counts = np.bitwise_count(owners).sum(axis=1)
+    word = owners.argmax(axis=1)  # the only non-zero word of a single-owner cell
+    lowest = owners[np.arange(len(owners)), word]
+    bit = np.log2(np.maximum(lowest, 1).astype(np.float64)).astype(np.int32)  # exact: a power of 2
+    codes = np.where(counts == 1, word * 64 + bit, FREE).astype(np.int32)
+    codes[counts > 1] = SHARED
+    return codes

@@ -18,11 +18,13 @@ def softmax_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float3
     n_heads, head_dim = q.shape
     if len(k) == 0:
         return np.zeros((n_heads, head_dim), dtype=np.float32)
-    kv_head = np.arange(n_heads) // (n_heads // k.shape[1])
-    scores = np.einsum("hd,khd->hk", q, k[:, kv_head]) * scale  # [n_heads, n_keys]
-    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-    weights /= weights.sum(axis=1, keepdims=True)
-    return np.einsum("hk,khd->hd", weights, v[:, kv_head]).astype(np.float32)
+    n_kv_heads = k.shape[1]
+    q_grouped = q.reshape(n_kv_heads, n_heads // n_kv_heads, head_dim)  # [kv, group, d]
+    scores = q_grouped @ k.transpose(1, 2, 0) * scale  # [kv, group, n_keys]
+    weights = np.exp(scores - scores.max(axis=2, keepdims=True))
+    weights /= weights.sum(axis=2, keepdims=True)
+    out = weights @ v.transpose(1, 0, 2)  # [kv, group, d]
+    return out.reshape(n_heads, head_dim).astype(np.float32)
 
 
 def attend_cells(

@@ -6,6 +6,7 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, StepError
+from numbakv.observe import Observable
 from numbakv.snapshot import Snapshot
 
 from .attention import attend_cells, default_scale
@@ -14,7 +15,7 @@ from .step import Step, window_mask
 from .table import CellTable
 
 
-class CellCache:
+class CellCache(Observable):
     """Several sequences sharing one pool of per-token cells; host arrays everywhere.
 
     >>> cache = CellCache(CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4,
@@ -30,10 +31,12 @@ class CellCache:
            [0, 0, 1]], dtype=uint8)
 
     Every verb is atomic: when it raises (an error of `numbakv.errors`), nothing changed.
-    Every verb except `seq_new` makes the last prepared `Step` stale.
+    Every verb except `seq_new` makes the last prepared `Step` stale. Observers
+    (`add_observer`) hear of every verb that succeeded.
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
+        super().__init__()
         self.config = config
         self._table = CellTable(config)
         self._pool = KVPool(config, allocator)
@@ -45,29 +48,35 @@ class CellCache:
 
     def seq_new(self) -> int:
         """Reserves the lowest free sequence id; the sequence is live and empty."""
-        return self._table.seq_new()
+        seq = self._table.seq_new()
+        self._notify("seq_new")
+        return seq
 
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
         seq = self._table.seq_clone(src, upto)
         self._expire_step()
+        self._notify("seq_clone")
         return seq
 
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         self._table.seq_rm(seq)
         self._expire_step()
+        self._notify("seq_rm")
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         self._table.rewind(seq, position)
         self._expire_step()
+        self._notify("rewind")
 
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         self._declared = None
         self._expire_step()
+        self._notify("clear")
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
@@ -76,6 +85,7 @@ class CellCache:
         seq_ids = self._check_declaration(seq_ids)
         self._declared = seq_ids
         self._expire_step()
+        self._notify("declare_step")
 
     def prepare_step(self, width: int | None = None) -> Step:
         """Grows the pool, places the declared tokens and writes the step buffers.
@@ -105,6 +115,7 @@ class CellCache:
         self._declared = None
         self._expire_step()
         self._step = self._make_step(cells, positions, seq_ids, width)
+        self._notify("prepare_step", self._step)
         return self._step
 
     def _make_step(self, cells, positions, seq_ids, width: int) -> Step:

@@ -61,8 +61,8 @@ class CellTable:
 
     def snapshot(self, rows: int) -> Snapshot:
         return Snapshot(
-            pos=self.pos.copy(),
-            owners=self.owners.copy(),
+            pos=self.pos[: self.read_len].copy(),
+            owners=self.owners[: self.read_len].copy(),
             live=self.live.copy(),
             read_len=self.read_len,
             capacity=self.config.capacity,

@@ -50,6 +50,45 @@ def step_with(cache: CellCache, seq_ids, width=None):
     return cache.prepare_step(width)
 
 
+def churn(cache: CellCache, ops: list[int]) -> None:
+    """A workload driven by a list of small integers: steps, clones, rewinds, removals."""
+    for op in ops:
+        live = cache.live_seqs
+        kind, arg = op % 6, op // 6
+        if kind == 0 or not live:
+            if len(live) < cache.config.max_seqs:
+                cache.seq_new()
+        elif kind in (1, 2) and cache.free_cells:
+            n = min(1 + arg % cache.config.max_width, cache.free_cells)
+            step_with(cache, [live[(arg + i) % len(live)] for i in range(n)], width=None)
+        elif kind == 3 and len(live) < cache.config.max_seqs:
+            src = live[arg % len(live)]
+            cache.seq_clone(src, upto=arg % (cache.pos(src) + 1))
+        elif kind == 4:
+            seq = live[arg % len(live)]
+            cache.rewind(seq, arg % (cache.pos(seq) + 1))
+        elif kind == 5:
+            cache.seq_rm(live[arg % len(live)])
+
+
+class Snapshots:
+    """An observer that keeps the table after every step (or every verb): the expectation."""
+
+    def __init__(self, cache, every_verb=False):
+        self.every_verb = every_verb
+        self.frames = [cache.snapshot()]
+        self.events = ["start"]
+        self.steps = {}
+        cache.add_observer(self)
+
+    def __call__(self, cache, event, step):
+        if step is not None or self.every_verb:
+            self.frames.append(cache.snapshot())
+            self.events.append(event)
+        if step is not None:
+            self.steps[len(self.frames) - 1] = step.width
+
+
 @pytest.fixture
 def cache() -> CellCache:
     return CellCache(small_config())

@@ -10,7 +10,15 @@ from numbakv import errors
 
 
 @pytest.mark.parametrize(
-    "module", ["numbakv", "numbakv.errors", "numbakv.config", "numbakv.reference", "numbakv.viz"]
+    "module",
+    [
+        "numbakv",
+        "numbakv.errors",
+        "numbakv.config",
+        "numbakv.reference",
+        "numbakv.trace",
+        "numbakv.viz",
+    ],
 )
 def test_import_does_not_import_numba(module, tmp_path):
     code = f"import sys, {module}; sys.exit(int('numba' in sys.modules))"

@@ -16,7 +16,7 @@ def owners(cache: CellCache) -> list[list[int]]:
 
 
 def positions(cache: CellCache) -> list[int]:
-    return cache.snapshot().pos[: cache.read_len].tolist()
+    return cache.snapshot().pos.tolist()
 
 
 # -- effects -------------------------------------------------------------------
@@ -26,7 +26,8 @@ def test_new_cache_is_empty(cache):
     assert (cache.read_len, cache.used_cells, cache.free_cells) == (0, 0, 16)
     assert cache.live_seqs == [] and cache.rows == 0 and cache.allocated_bytes == 0
     snap = cache.snapshot()
-    assert (snap.pos == -1).all() and (snap.owners == 0).all() and not snap.live.any()
+    assert snap.pos.shape == (0,) and snap.owners.shape == (0, 1) and not snap.live.any()
+    assert (snap.capacity, snap.rows, snap.read_len) == (16, 0, 0)
 
 
 def test_seq_new_takes_lowest_free_id(cache):
@@ -67,6 +68,8 @@ def test_seq_rm_frees_and_trims(cache):
     cache.seq_rm(b)
     assert cache.read_len == 2 and positions(cache) == [0, 1]
     assert cache.live_seqs == [a]
+    snap = cache.snapshot()  # cells past read_len are free, so a snapshot stops there
+    assert snap.pos.shape == (2,) and snap.owners.shape == (2, 1) and snap.owners_of(3) == []
 
 
 def test_rewind_drops_tail_keeps_id(cache):
@@ -155,7 +158,7 @@ def fill_every_id(max_seqs: int) -> CellCache:
 def test_every_id_owns_its_cell(max_seqs):
     cache = fill_every_id(max_seqs)
     snap = cache.snapshot()
-    assert snap.owners.shape == (2 * max_seqs, -(-max_seqs // 64))
+    assert snap.owners.shape == (max_seqs, -(-max_seqs // 64))
     assert [snap.owners_of(c) for c in range(max_seqs)] == [[s] for s in range(max_seqs)]
     assert cache.live_seqs == list(range(max_seqs))
     with pytest.raises(CapacityError):

@@ -2,20 +2,18 @@
 
 import string
 
-from numbakv.snapshot import Snapshot
+from numbakv.snapshot import FREE, SHARED, Snapshot
 
 SEQ_CHARS = string.ascii_lowercase + string.ascii_uppercase
-FREE, SHARED, MANY, READ_LEN = ".", "*", "#", "|"
+CHARS = {FREE: ".", SHARED: "*"}
+MANY, READ_LEN = "#", "|"
 
 
-def cell_char(owners: list[int]) -> str:
-    """`.` free, a letter per sequence (a = 0 … Z = 51, `#` past that), `*` shared."""
-    if not owners:
-        return FREE
-    if len(owners) > 1:
-        return SHARED
-    seq = owners[0]
-    return SEQ_CHARS[seq] if seq < len(SEQ_CHARS) else MANY
+def cell_char(code: int) -> str:
+    """`.` free, `*` shared, a letter per sequence id (a = 0 … Z = 51, `#` past that)."""
+    if code in CHARS:
+        return CHARS[code]
+    return SEQ_CHARS[code] if code < len(SEQ_CHARS) else MANY
 
 
 def render_text(snapshot: Snapshot, columns: int = 64) -> str:
@@ -25,8 +23,9 @@ def render_text(snapshot: Snapshot, columns: int = 64) -> str:
 
         0 aaaab*bb..cc|....
     """
+    codes = snapshot.codes.tolist()
     n_cells = max(snapshot.rows, snapshot.read_len)
-    chars = [cell_char(snapshot.owners_of(c)) for c in range(n_cells)]
+    chars = [cell_char(code) for code in codes] + [CHARS[FREE]] * (n_cells - len(codes))
     marker_line, cut = divmod(snapshot.read_len, columns)
     if cut == 0 and snapshot.read_len == n_cells > 0:  # the marker ends the last full line
         marker_line, cut = marker_line - 1, columns

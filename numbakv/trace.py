@@ -1,0 +1,340 @@
+"""Recording the cell table over a workload, and the `.npz` trace that keeps it (numba-free).
+
+A `Recorder` listens to a cache (either implementation) through its observer hook and
+keeps one frame per step (or per verb): the cells that changed since the previous
+frame, `read_len`, the pool's rows, the live ids and the step's tokens. A `Trace`
+replays the frames as `Snapshot`s and derives the figures the plots draw.
+"""
+
+import dataclasses
+import itertools
+import json
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.errors import CacheError, TraceError
+from numbakv.observe import EVENTS
+from numbakv.reference.step import window_mask
+from numbakv.snapshot import FREE, Snapshot, owner_codes
+
+FORMAT = "numbakv-trace/1"
+FRAME_EVENTS = ("start", *EVENTS)
+STEP_EVENT = FRAME_EVENTS.index("prepare_step")
+
+# name -> (dtype, dimensions after the first); every array of a trace, as saved
+ARRAYS = {
+    "events": (np.uint8, 0),  # [n_frames] index into FRAME_EVENTS
+    "read_len": (np.int32, 0),  # [n_frames]
+    "rows": (np.int32, 0),  # [n_frames]
+    "live": (np.bool_, 1),  # [n_frames, max_seqs]
+    "delta_offsets": (np.int64, 0),  # [n_frames + 1] frame f's changes: [offsets[f], offsets[f+1])
+    "delta_cells": (np.int32, 0),  # [n_changes] cell index
+    "delta_pos": (np.int32, 0),  # [n_changes] its new position
+    "delta_owners": (np.uint64, 1),  # [n_changes, n_owner_words] its new owners
+    "step_offsets": (np.int64, 0),  # [n_frames + 1] frame f's step rows (empty unless a step)
+    "step_cells": (np.int32, 0),  # [n_rows]
+    "step_positions": (np.int32, 0),  # [n_rows]
+    "step_seq_ids": (np.int32, 0),  # [n_rows]
+}
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """A recorded step, as `plot_mask` needs it (the same attributes as a live `Step`)."""
+
+    cells: np.ndarray  # [width] int32, -1 for padding
+    positions: np.ndarray  # [width] int32
+    seq_ids: np.ndarray  # [width] int32
+    snapshot: Snapshot  # the table right after the step was placed
+    windows: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        return len(self.cells)
+
+    @property
+    def read_len(self) -> int:
+        return self.snapshot.read_len
+
+    def mask(self, window: int) -> np.ndarray:
+        """[width, read_len] uint8, recomputed by the mask rule from the recorded table."""
+        snap = self.snapshot
+        return window_mask(snap.pos, snap.owners, self.seq_ids, self.positions, window)
+
+
+class Trace:
+    """Frames of a recorded workload. Build one with `Recorder.trace()` or `load_trace`."""
+
+    def __init__(self, config: CacheConfig, arrays: dict[str, np.ndarray]):
+        self.config = config
+        self.arrays = arrays
+        _validate(config, arrays)
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.arrays["events"])
+
+    @property
+    def events(self) -> list[str]:
+        """The verb each frame followed ("start" for the first)."""
+        return [FRAME_EVENTS[e] for e in self.arrays["events"].tolist()]
+
+    @property
+    def step_frames(self) -> np.ndarray:
+        """[n_steps] int64: the frames that follow a `prepare_step`."""
+        return np.flatnonzero(self.arrays["events"] == STEP_EVENT)
+
+    @property
+    def widths(self) -> np.ndarray:
+        """[n_frames] int64: each frame's step width (0 when not a step)."""
+        return np.diff(self.arrays["step_offsets"])
+
+    def snapshots(self) -> Iterator[Snapshot]:
+        """Every frame's table, in order, replayed from the recorded changes."""
+        a = self.arrays
+        n_cells = int(a["read_len"].max(initial=0))
+        pos = np.full(n_cells, -1, dtype=np.int32)
+        owners = np.zeros((n_cells, self.config.n_owner_words), dtype=np.uint64)
+        for f in range(self.n_frames):
+            changes = slice(a["delta_offsets"][f], a["delta_offsets"][f + 1])
+            pos[a["delta_cells"][changes]] = a["delta_pos"][changes]
+            owners[a["delta_cells"][changes]] = a["delta_owners"][changes]
+            read_len = int(a["read_len"][f])
+            yield Snapshot(
+                pos=pos[:read_len].copy(),
+                owners=owners[:read_len].copy(),
+                live=a["live"][f].copy(),
+                read_len=read_len,
+                capacity=self.config.capacity,
+                rows=int(a["rows"][f]),
+            )
+
+    def snapshot(self, frame: int) -> Snapshot:
+        """The table at `frame` (negative counts from the end)."""
+        frame = range(self.n_frames)[frame]
+        return next(itertools.islice(self.snapshots(), frame, None))
+
+    def step(self, frame: int) -> TraceStep:
+        """The step recorded at `frame`, which must follow a `prepare_step`."""
+        frame = range(self.n_frames)[frame]
+        if self.arrays["events"][frame] != STEP_EVENT:
+            raise TraceError(f"frame {frame} follows {self.events[frame]}, not a prepare_step")
+        a = self.arrays
+        rows = slice(a["step_offsets"][frame], a["step_offsets"][frame + 1])
+        return TraceStep(
+            cells=a["step_cells"][rows].copy(),
+            positions=a["step_positions"][rows].copy(),
+            seq_ids=a["step_seq_ids"][rows].copy(),
+            snapshot=self.snapshot(frame),
+            windows=self.config.distinct_windows,
+        )
+
+    def metrics(self) -> dict[str, np.ndarray]:
+        """Per frame, [n_frames] each: the figures `plot_metrics` draws.
+
+        used          : occupied cells
+        read_len      : the extent attention sweeps
+        rows          : cells the pool has allocated
+        saved         : cells saved by sharing (tokens held - occupied cells)
+        fragmentation : 1 - used / read_len (0 when read_len is 0): free holes below read_len
+        width         : step width (0 for frames that are not steps)
+        growth        : True where the pool grew (or was first allocated)
+        """
+        used, held = [], []
+        for snap in self.snapshots():
+            n_owners = snap.n_owners
+            used.append(np.count_nonzero(n_owners))
+            held.append(int(n_owners.sum()))
+        used, held = np.array(used), np.array(held)
+        read_len = self.arrays["read_len"].astype(np.int64)
+        rows = self.arrays["rows"].astype(np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fragmentation = np.where(read_len > 0, 1 - used / read_len, 0.0)
+        return {
+            "used": used,
+            "read_len": read_len,
+            "rows": rows,
+            "saved": held - used,
+            "fragmentation": fragmentation,
+            "width": self.widths,
+            "growth": np.diff(rows, prepend=0) > 0,
+        }
+
+    def timeline(self, frames=None) -> np.ndarray:
+        """[len(frames), max read_len] int32: owner code of each cell at each frame.
+
+        A cell's code is its owner's id, FREE (-1) or SHARED (-2) (`numbakv.snapshot`);
+        cells past a frame's read_len are FREE. Default frames: the step frames.
+        """
+        frames = self.step_frames if frames is None else np.asarray(frames, dtype=np.int64)
+        n_cells = int(self.arrays["read_len"].max(initial=0))
+        out = np.full((len(frames), n_cells), FREE, dtype=np.int32)
+        wanted = {int(f): i for i, f in enumerate(frames)}
+        for f, snap in enumerate(self.snapshots()):
+            if f in wanted:
+                out[wanted[f], : snap.read_len] = owner_codes(snap.owners)
+        return out
+
+    def save(self, path) -> None:
+        """Writes the trace to one compressed `.npz` file."""
+        header = json.dumps({"format": FORMAT, "config": dataclasses.asdict(self.config)})
+        np.savez_compressed(path, header=np.array(header), **self.arrays)
+
+
+class Recorder:
+    """Records a cache's table after every step (and every verb with `every_verb=True`).
+
+    >>> recorder = Recorder(cache)      # frame 0: the table now
+    >>> ...                             # run the workload
+    >>> recorder.save("run.npz")        # load_trace("run.npz") gives it back
+
+    Each frame stores only the cells that changed since the one before, so a decode
+    step of n sequences costs O(n) bytes; the comparison costs O(read_len) time.
+    """
+
+    def __init__(self, cache, every_verb: bool = False):
+        self.config: CacheConfig = cache.config
+        self.every_verb = every_verb
+        self._cache = cache
+        self._pos = np.zeros(0, dtype=np.int32)
+        self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
+        self._columns: dict[str, list] = {name: [] for name in ARRAYS}
+        self._record(cache, "start", None)
+        cache.add_observer(self._on_event)
+
+    def close(self) -> None:
+        """Stops recording; frames so far stay."""
+        self._cache.remove_observer(self._on_event)
+
+    def _on_event(self, cache, event: str, step) -> None:
+        if step is not None or self.every_verb:
+            self._record(cache, event, step)
+
+    def _record(self, cache, event: str, step) -> None:
+        snap = cache.snapshot()
+        cells, pos, owners = _changes(self._pos, self._owners, snap.pos, snap.owners)
+        self._pos, self._owners = snap.pos, snap.owners
+        c = self._columns
+        c["events"].append(FRAME_EVENTS.index(event))
+        c["read_len"].append(snap.read_len)
+        c["rows"].append(snap.rows)
+        c["live"].append(snap.live)
+        c["delta_cells"].append(cells)
+        c["delta_pos"].append(pos)
+        c["delta_owners"].append(owners)
+        if step is not None:
+            c["step_cells"].append(step.cells)
+            c["step_positions"].append(step.positions)
+            c["step_seq_ids"].append(step.seq_ids)
+        else:
+            c["step_cells"].append(np.zeros(0, np.int32))
+            c["step_positions"].append(np.zeros(0, np.int32))
+            c["step_seq_ids"].append(np.zeros(0, np.int32))
+
+    def trace(self) -> Trace:
+        """The frames recorded so far."""
+        c = self._columns
+        arrays = {
+            "events": np.array(c["events"], dtype=np.uint8),
+            "read_len": np.array(c["read_len"], dtype=np.int32),
+            "rows": np.array(c["rows"], dtype=np.int32),
+            "live": np.array(c["live"], dtype=bool),
+            "delta_offsets": _offsets(c["delta_cells"]),
+            "delta_cells": np.concatenate(c["delta_cells"]).astype(np.int32),
+            "delta_pos": np.concatenate(c["delta_pos"]).astype(np.int32),
+            "delta_owners": np.concatenate(c["delta_owners"]).astype(np.uint64),
+            "step_offsets": _offsets(c["step_cells"]),
+            "step_cells": np.concatenate(c["step_cells"]).astype(np.int32),
+            "step_positions": np.concatenate(c["step_positions"]).astype(np.int32),
+            "step_seq_ids": np.concatenate(c["step_seq_ids"]).astype(np.int32),
+        }
+        return Trace(self.config, arrays)
+
+    def save(self, path) -> None:
+        """Writes the frames recorded so far to one `.npz` file."""
+        self.trace().save(path)
+
+
+def load_trace(path) -> Trace:
+    """Reads a trace written by `Recorder.save`; a damaged file raises TraceError."""
+    try:
+        with np.load(Path(path), allow_pickle=False) as data:
+            header = json.loads(str(data["header"][()]))
+            arrays = {name: data[name] for name in ARRAYS}
+    except FileNotFoundError:
+        raise TraceError(f"no trace file at {path}") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        raise TraceError(f"{path} is not a readable numbakv trace ({error})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceError(f"{path} is not a {FORMAT} file")
+    try:
+        config = CacheConfig(**header["config"])
+    except (CacheError, TypeError, KeyError) as error:
+        raise TraceError(f"{path} holds a bad cache config ({error})") from None
+    return Trace(config, arrays)
+
+
+def _changes(old_pos, old_owners, new_pos, new_owners):
+    """(cells int32, their new pos, their new owners): the cells two tables disagree on."""
+    n = max(len(old_pos), len(new_pos))
+
+    def pad(pos, owners):
+        extra = n - len(pos)
+        return (
+            np.concatenate([pos, np.full(extra, -1, np.int32)]),
+            np.concatenate([owners, np.zeros((extra, owners.shape[1]), np.uint64)]),
+        )
+
+    (old_pos, old_owners), (new_pos, new_owners) = (
+        pad(old_pos, old_owners),
+        pad(new_pos, new_owners),
+    )
+    cells = np.flatnonzero((old_pos != new_pos) | (old_owners != new_owners).any(axis=1))
+    return cells.astype(np.int32), new_pos[cells], new_owners[cells]
+
+
+def _offsets(chunks: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([len(chunk) for chunk in chunks])]).astype(np.int64)
+
+
+def _validate(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+    """Raises TraceError unless the arrays are a consistent trace of `config`."""
+    for name, (dtype, extra_dims) in ARRAYS.items():
+        if a[name].dtype != dtype or a[name].ndim != 1 + extra_dims:
+            raise TraceError(
+                f"trace array {name!r} has dtype {a[name].dtype} and {a[name].ndim} dims"
+            )
+    n_frames = len(a["events"])
+    if n_frames == 0 or a["events"].max() >= len(FRAME_EVENTS):
+        raise TraceError("trace has no frames or an unknown event")
+    for name in ("read_len", "rows", "live"):
+        if len(a[name]) != n_frames:
+            raise TraceError(
+                f"trace array {name!r} has {len(a[name])} frames, events has {n_frames}"
+            )
+    if a["live"].shape[1] != config.max_seqs or a["delta_owners"].shape[1:] != (
+        config.n_owner_words,
+    ):
+        raise TraceError("trace arrays do not match the config's max_seqs")
+    for prefix, columns in (
+        ("delta", ("cells", "pos", "owners")),
+        ("step", ("cells", "positions", "seq_ids")),
+    ):
+        offsets = a[f"{prefix}_offsets"]
+        lengths = {len(a[f"{prefix}_{col}"]) for col in columns}
+        if (
+            len(offsets) != n_frames + 1
+            or offsets[0] != 0
+            or (np.diff(offsets) < 0).any()
+            or lengths != {offsets[-1]}
+        ):
+            raise TraceError(f"trace {prefix} offsets do not cover its {prefix} arrays")
+    if ((a["read_len"] < 0) | (a["read_len"] > config.capacity)).any():
+        raise TraceError("trace read_len outside [0, capacity]")
+    if ((a["delta_cells"] < 0) | (a["delta_cells"] >= max(a["read_len"].max(), 1))).any():
+        raise TraceError("trace changes name cells outside every frame's read_len")
