@@ -1,7 +1,9 @@
 """numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
 
 Importing this package imports no numba: names are resolved on first use, so
-`numbakv.reference`, `numbakv.errors` and `numbakv.viz` stay numba-free.
+`numbakv.reference`, `numbakv.errors`, `numbakv.trace` and `numbakv.viz` stay numba-free.
+The first use of `CellCache`, `Step` or `device_info` picks the device (see
+`numbakv.device`) and imports numba.
 """
 
 from importlib import import_module
@@ -9,6 +11,9 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "CellCache": "numbakv.cache",
+    "Step": "numbakv.step",
+    "device_info": "numbakv.device",
     "CacheConfig": "numbakv.config",
     "Snapshot": "numbakv.snapshot",
     "CacheError": "numbakv.errors",
@@ -18,6 +23,7 @@ _EXPORTS = {
     "AllocationError": "numbakv.errors",
     "StepError": "numbakv.errors",
     "BindingError": "numbakv.errors",
+    "TraceError": "numbakv.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,13 +1,11 @@
 """`CellCache`: the NumPy reference of the whole contract (SPEC §2 to §4, §8)."""
 
-import operator
-
 import numpy as np
 
+from numbakv.base import CacheBase
+from numbakv.checks import check_layer, check_query, check_shape
 from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, StepError
-from numbakv.observe import Observable
-from numbakv.snapshot import Snapshot
+from numbakv.errors import StepError
 
 from .attention import attend_cells, default_scale
 from .pool import Allocator, KVPool, numpy_allocator
@@ -15,7 +13,7 @@ from .step import Step, window_mask
 from .table import CellTable
 
 
-class CellCache(Observable):
+class CellCache(CacheBase):
     """Several sequences sharing one pool of per-token cells; host arrays everywhere.
 
     >>> cache = CellCache(CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4,
@@ -36,13 +34,7 @@ class CellCache(Observable):
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
-        super().__init__()
-        self.config = config
-        self._table = CellTable(config)
-        self._pool = KVPool(config, allocator)
-        self._declared: np.ndarray | None = None
-        self._step: Step | None = None
-        self._written: set[int] = set()
+        super().__init__(config, CellTable(config), KVPool(config, allocator))
 
     # -- table verbs (SPEC §2) -------------------------------------------------
 
@@ -54,41 +46,28 @@ class CellCache(Observable):
 
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
-        seq = self._table.seq_clone(src, upto)
-        self._expire_step()
-        self._notify("seq_clone")
-        return seq
+        return self._after("seq_clone", self._table.seq_clone(src, upto))
 
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         self._table.seq_rm(seq)
-        self._expire_step()
-        self._notify("seq_rm")
+        self._after("seq_rm")
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         self._table.rewind(seq, position)
-        self._expire_step()
-        self._notify("rewind")
+        self._after("rewind")
 
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         self._declared = None
-        self._expire_step()
-        self._notify("clear")
+        self._after("clear")
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
-    def declare_step(self, seq_ids) -> None:
-        """Records the next step's tokens: one live sequence id per token, in order."""
-        seq_ids = self._check_declaration(seq_ids)
-        self._declared = seq_ids
-        self._expire_step()
-        self._notify("declare_step")
-
     def prepare_step(self, width: int | None = None) -> Step:
-        """Grows the pool, places the declared tokens and writes the step buffers.
+        """Grows the pool, places the declared tokens and writes the step's masks.
 
         width : rows of the step, default the declared count; a larger width pads
                 (padded rows get cell, position and sequence -1 and an all-zero mask row)
@@ -100,34 +79,14 @@ class CellCache(Observable):
             a@1  1 1 0
             b@0  0 0 1
         """
-        if self._declared is None:
-            raise StepError(
-                "prepare_step() with nothing declared; call declare_step(seq_ids) first"
-            )
-        seq_ids = self._check_declaration(self._declared)
-        n = len(seq_ids)
-        width = self._check_width(width, n)
-        table = self._table
-        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
-        positions = table.positions_of(seq_ids)
-        cells = table.find_cells(n)
-        table.claim(cells, positions, seq_ids)
-        self._declared = None
-        self._expire_step()
-        self._step = self._make_step(cells, positions, seq_ids, width)
-        self._notify("prepare_step", self._step)
-        return self._step
-
-    def _make_step(self, cells, positions, seq_ids, width: int) -> Step:
-        pad = np.full(width - len(cells), -1, dtype=np.int32)
-        cells, positions, seq_ids = (np.concatenate([a, pad]) for a in (cells, positions, seq_ids))
+        cells, positions, seq_ids = self._place(width)
         table = self._table
         read_len = table.read_len
         masks = {
             w: window_mask(table.pos[:read_len], table.owners[:read_len], seq_ids, positions, w)
             for w in self.config.distinct_windows
         }
-        return Step(cells, positions, seq_ids, read_len, masks)
+        return self._prepared(Step(cells, positions, seq_ids, read_len, masks))
 
     # -- K/V (SPEC §5) ---------------------------------------------------------
 
@@ -137,9 +96,11 @@ class CellCache(Observable):
         k, v : [width, n_kv_heads, head_dim], any float dtype; padded rows are skipped
         """
         step = self._current_step()
-        layer = self._check_layer(layer)
+        layer = check_layer(layer, self.config.n_layers)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        k, v = (self._check_shape(name, x, shape) for name, x in (("k", k), ("v", v)))
+        k, v = _host(k), _host(v)
+        check_shape("k", k.shape, shape)
+        check_shape("v", v.shape, shape)
         cells = step.cells
         real = cells >= 0
         cells = cells[real]
@@ -158,138 +119,24 @@ class CellCache(Observable):
         rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
         step = self._current_step()
-        layer = self._check_layer(layer)
+        layer = check_layer(layer, self.config.n_layers)
         if layer not in self._written:
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
         q = _host(q)
-        n_heads = q.shape[1] if q.ndim == 3 else 0
-        if n_heads == 0 or n_heads % self.config.n_kv_heads:
-            raise StepError(
-                f"q has shape {q.shape}; expected [width={step.width}, n_heads, "
-                f"head_dim={self.config.head_dim}] with n_heads a positive multiple of "
-                f"n_kv_heads={self.config.n_kv_heads}"
-            )
-        q = self._check_shape("q", q, (step.width, n_heads, self.config.head_dim)).astype(
-            np.float32
-        )
+        check_query(q.shape, step.width, self.config)
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         mask = step.mask(self.config.windows[layer])
+        q = q.astype(np.float32)
         return attend_cells(q, self._pool.k[layer], self._pool.v[layer], mask, scale)
 
     # -- state -----------------------------------------------------------------
 
-    def pos(self, seq: int) -> int:
-        """Positions `seq` holds: the position its next token gets."""
-        return self._table.length(self._table.check_live(seq))
-
-    @property
-    def read_len(self) -> int:
-        """Every occupied cell lies in [0, read_len)."""
-        return self._table.read_len
-
-    @property
-    def used_cells(self) -> int:
-        return self._table.used_cells
-
-    @property
-    def free_cells(self) -> int:
-        return self._table.free_cells
-
-    @property
-    def capacity(self) -> int:
-        return self.config.capacity
-
-    @property
-    def live_seqs(self) -> list[int]:
-        """The live sequence ids, ascending."""
-        return np.flatnonzero(self._table.live).tolist()
-
-    @property
-    def rows(self) -> int:
-        """Cells the pool has allocated (0 before the first step)."""
-        return self._pool.rows
-
-    @property
-    def growth_count(self) -> int:
-        """Times the pool grew after its first allocation."""
-        return self._pool.growth_count
-
-    @property
-    def generation(self) -> int:
-        """Changes exactly when storage moves: the first allocation and every growth."""
-        return self._pool.generation
-
-    @property
-    def allocated_bytes(self) -> int:
-        """Bytes of K and V storage over all layers."""
-        return self._pool.allocated_bytes
-
-    def snapshot(self) -> Snapshot:
-        """A host copy of the cell table."""
-        return self._table.snapshot(self._pool.rows)
-
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""
-        layer = self._check_layer(layer)
+        layer = check_layer(layer, self.config.n_layers)
         return self._pool.k[layer].copy(), self._pool.v[layer].copy()
-
-    # -- checks ----------------------------------------------------------------
-
-    def _expire_step(self) -> None:
-        if self._step is not None:
-            self._step.expire()
-        self._step = None
-        self._written = set()
-
-    def _current_step(self) -> Step:
-        if self._step is None:
-            raise StepError("no prepared step; call declare_step() and prepare_step() first")
-        return self._step
-
-    def _check_declaration(self, seq_ids) -> np.ndarray:
-        seq_ids = [self._table.check_live(seq) for seq in seq_ids]
-        n = len(seq_ids)
-        if not 1 <= n <= self.config.max_width:
-            raise StepError(
-                f"a step declares 1 to max_width={self.config.max_width} tokens, got {n}"
-            )
-        if self._table.free_cells < n:
-            raise CapacityError(
-                f"the step declares {n} tokens but only {self._table.free_cells} of "
-                f"{self.config.capacity} cells are free; seq_rm() or rewind() sequences first"
-            )
-        return np.asarray(seq_ids, dtype=np.int32)
-
-    def _check_width(self, width, n: int) -> int:
-        if width is None:
-            return n
-        try:
-            width = operator.index(width)
-        except TypeError:
-            raise StepError(f"width must be an integer, got {width!r}") from None
-        if not n <= width <= self.config.max_width:
-            raise StepError(
-                f"width={width} must lie in [declared tokens={n}, "
-                f"max_width={self.config.max_width}]"
-            )
-        return width
-
-    def _check_layer(self, layer) -> int:
-        try:
-            layer = operator.index(layer)
-        except TypeError:
-            raise StepError(f"layer must be an integer, got {layer!r}") from None
-        if not 0 <= layer < self.config.n_layers:
-            raise StepError(f"layer={layer} is outside [0, n_layers={self.config.n_layers})")
-        return layer
-
-    def _check_shape(self, name: str, x, shape: tuple[int, ...]) -> np.ndarray:
-        x = _host(x)
-        if x.shape != shape:
-            raise StepError(f"{name} has shape {x.shape}; this step expects {list(shape)}")
-        return x
 
 
 def _host(x) -> np.ndarray:

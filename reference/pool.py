@@ -19,8 +19,10 @@ class KVPool:
     """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are [rows, n_kv_heads, head_dim].
 
     rows starts at 0 and grows by `grow_to`; `allocator(shape, dtype)` makes every array
-    and may raise MemoryError or AllocationError to refuse (tests inject one that does).
+    and may raise one of `allocation_errors` to refuse (tests inject one that does).
     """
+
+    allocation_errors: tuple[type[BaseException], ...] = (MemoryError, AllocationError)
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
         self.config = config
@@ -37,21 +39,13 @@ class KVPool:
         """Bytes of K and V storage over all layers."""
         return self.rows * self.config.n_layers * self.config.row_bytes
 
-    def target_rows(self, required: int) -> int:
-        """Rows after growing to hold `required` cells (required <= capacity)."""
-        if required <= self.rows:
-            return self.rows
-        if self.rows == 0:
-            return max(self.config.initial_cells, required)
-        return min(self.config.capacity, max(required, 2 * self.rows))
-
     def grow_to(self, required: int, read_len: int) -> None:
         """Makes rows >= required, keeping rows [0, read_len) bit-exact.
 
         Transactional: every new array is allocated before any is copied, so an
         AllocationError leaves the pool as it was.
         """
-        rows = self.target_rows(required)
+        rows = self.config.grown_rows(self.rows, required)
         if rows == self.rows:
             return
         shape = (rows, self.config.n_kv_heads, self.config.head_dim)
@@ -60,17 +54,22 @@ class KVPool:
                 self.allocator(shape, np.dtype(self.config.dtype))
                 for _ in range(2 * self.config.n_layers)
             ]
-        except (MemoryError, AllocationError) as error:
+        except self.allocation_errors as error:
             n_bytes = rows * self.config.n_layers * self.config.row_bytes
             raise AllocationError(
                 f"could not allocate {rows} rows of K/V ({n_bytes} bytes) to grow from "
                 f"{self.rows}; free sequences or lower capacity, then retry the step"
             ) from error
         for new, old in zip(fresh, self.k + self.v, strict=True):
-            new[:read_len] = old[:read_len]
+            self._copy_rows(new, old, read_len)
         n = self.config.n_layers
         self.k, self.v = fresh[:n], fresh[n:]
         if self.rows:
             self.growth_count += 1
         self.rows = rows
         self.generation += 1
+
+    @staticmethod
+    def _copy_rows(new, old, n: int) -> None:
+        """Copies rows [0, n) of `old` into `new`."""
+        new[:n] = old[:n]

@@ -1,11 +1,10 @@
 """The cell table of SPEC §2: per cell a position and an owner bitset, per id a live flag."""
 
-import operator
-
 import numpy as np
 
+from numbakv.checks import check_live, check_position
 from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, SequenceError
+from numbakv.errors import CapacityError
 from numbakv.snapshot import Snapshot
 
 
@@ -48,16 +47,7 @@ class CellTable:
 
     def check_live(self, seq) -> int:
         """`seq` as an int, or SequenceError when it is not a live id."""
-        try:
-            seq = operator.index(seq)
-        except TypeError:
-            raise SequenceError(f"sequence id must be an integer, got {seq!r}") from None
-        if not (0 <= seq < self.config.max_seqs and self.live[seq]):
-            raise SequenceError(
-                f"sequence {seq} is not live (live ids: {np.flatnonzero(self.live).tolist()}); "
-                "get one from seq_new() or seq_clone()"
-            )
-        return seq
+        return check_live(seq, self.live)
 
     def snapshot(self, rows: int) -> Snapshot:
         return Snapshot(
@@ -79,7 +69,7 @@ class CellTable:
     def seq_clone(self, src, upto=None) -> int:
         src = self.check_live(src)
         n = self.length(src)
-        upto = n if upto is None else _position("upto", upto, n, src)
+        upto = n if upto is None else check_position("upto", upto, n, src)
         seq = self._free_id()
         shared = self.holds(src) & (self.pos[: self.read_len] < upto)
         word, bit = _bit(seq)
@@ -94,7 +84,7 @@ class CellTable:
 
     def rewind(self, seq, position) -> None:
         seq = self.check_live(seq)
-        position = _position("position", position, self.length(seq), seq)
+        position = check_position("position", position, self.length(seq), seq)
         self._drop(self.holds(seq) & (self.pos[: self.read_len] >= position), seq)
 
     def clear(self) -> None:
@@ -156,15 +146,3 @@ class CellTable:
 def _bit(seq: int) -> tuple[int, np.uint64]:
     """(word, mask) of sequence `seq` in an owner bitset."""
     return seq // 64, np.uint64(1) << np.uint64(seq % 64)
-
-
-def _position(name: str, value, n: int, seq: int) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise SequenceError(f"{name} must be an integer, got {value!r}") from None
-    if not 0 <= value <= n:
-        raise SequenceError(
-            f"{name}={value} is outside [0, {n}] for sequence {seq}, which holds {n} positions"
-        )
-    return value

@@ -1,0 +1,84 @@
+"""The step on the device: fixed step buffers and table mirror (SPEC §4), and the `Step` handle."""
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.device import cuda
+from numbakv.reference.step import Step as HostStep
+
+
+class StepBuffers:
+    """Device buffers allocated once at full size that never move.
+
+    cells, positions, seq_ids : [max_width] int32, the step's tokens (-1 past the declared)
+    read_len                  : [1] int32
+    masks                     : window -> [max_width, capacity] uint8, 1 = attend
+    cell_pos                  : [capacity] int32, mirror of the table's positions (-1 = free)
+    cell_owners               : [capacity, n_owner_words] uint64, mirror of the owner bitsets
+    """
+
+    def __init__(self, config: CacheConfig):
+        width, cap = config.max_width, config.capacity
+        self.cells = cuda.to_device(np.full(width, -1, np.int32))
+        self.positions = cuda.to_device(np.full(width, -1, np.int32))
+        self.seq_ids = cuda.to_device(np.full(width, -1, np.int32))
+        self.read_len = cuda.to_device(np.zeros(1, np.int32))
+        self.masks = {
+            w: cuda.to_device(np.zeros((width, cap), np.uint8)) for w in config.distinct_windows
+        }
+        self.cell_pos = cuda.to_device(np.full(cap, -1, np.int32))
+        self.cell_owners = cuda.to_device(np.zeros((cap, config.n_owner_words), np.uint64))
+
+    def all(self) -> dict[str, object]:
+        """Every buffer by name (masks as `mask_w{window}`)."""
+        named = {
+            "cells": self.cells,
+            "positions": self.positions,
+            "seq_ids": self.seq_ids,
+            "read_len": self.read_len,
+            "cell_pos": self.cell_pos,
+            "cell_owners": self.cell_owners,
+        }
+        named.update({f"mask_w{w}": mask for w, mask in self.masks.items()})
+        return named
+
+    def upload(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, read_len: int):
+        """Copies one step's [width] arrays and read_len in: nothing sized by capacity."""
+        width = len(cells)
+        self.cells[:width].copy_to_device(cells)
+        self.positions[:width].copy_to_device(positions)
+        self.seq_ids[:width].copy_to_device(seq_ids)
+        self.read_len.copy_to_device(np.array([read_len], np.int32))
+
+
+class DeviceMasks(Mapping):
+    """window -> host copy of mask rows [0, width) and columns [0, read_len), on demand."""
+
+    def __init__(self, masks: dict, width: int, read_len: int):
+        self._masks, self._width, self._read_len = masks, width, read_len
+
+    def __getitem__(self, window: int) -> np.ndarray:
+        return self._masks[window][: self._width].copy_to_host()[:, : self._read_len]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._masks)
+
+    def __len__(self) -> int:
+        return len(self._masks)
+
+
+class Step(HostStep):
+    """One prepared forward: host copies of cells/positions/seq_ids, masks read back on demand,
+    and `buffers`, the device buffers the kernels read. Stale after the next verb."""
+
+    def __init__(self, cells, positions, seq_ids, read_len: int, buffers: StepBuffers):
+        masks = DeviceMasks(buffers.masks, len(cells), read_len)
+        super().__init__(cells, positions, seq_ids, read_len, masks)
+        self._buffers = buffers
+
+    @property
+    def buffers(self) -> StepBuffers:
+        self._check()
+        return self._buffers
