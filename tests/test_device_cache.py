@@ -15,8 +15,9 @@ import numbakv
 from numbakv.errors import AllocationError, CacheError, CapacityError, SequenceError, StepError
 from numbakv.reference import CellCache as RefCache
 from numbakv.snapshot import Snapshot
+from numbakv.trace import Recorder
 
-from conftest import full_state, small_config, step_with
+from conftest import churn, full_state, small_config, step_with
 
 
 def mirror_snapshot(cache) -> tuple[np.ndarray, np.ndarray]:
@@ -296,3 +297,15 @@ def test_verbs_refused_like_the_reference():
                 call(cache)
     assert device.snapshot() == reference.snapshot()
     assert isinstance(device.snapshot(), Snapshot)
+
+
+def test_recorder_traces_the_device_cache_as_the_reference():
+    cfg = small_config(max_seqs=5, capacity=24, initial_cells=2)
+    device, reference = numbakv.CellCache(cfg), RefCache(cfg)
+    recorders = [Recorder(cache, every_verb=True) for cache in (device, reference)]
+    for cache in (device, reference):
+        churn(cache, list(range(2, 300, 7)))
+    got, expect = (recorder.trace() for recorder in recorders)
+    assert got.n_frames == expect.n_frames > 20
+    for name, array in expect.arrays.items():
+        np.testing.assert_array_equal(got.arrays[name], array, err_msg=name)
