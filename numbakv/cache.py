@@ -10,7 +10,7 @@ from numbakv.checks import check_layer, check_shape
 from numbakv.config import CacheConfig
 from numbakv.device import cuda
 from numbakv.errors import StepError
-from numbakv.kernels import masks, placement, verbs
+from numbakv.kernels import masks, placement, seq_cells, verbs
 from numbakv.pool import DevicePool, device_allocator
 from numbakv.reference.pool import Allocator
 from numbakv.step import Step, StepBuffers
@@ -43,32 +43,37 @@ class CellCache(CacheBase):
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
         seq, cells = self._table.seq_clone(src, upto)
-        verbs.launch_add_owner(_to_device(cells), len(cells), seq, self._buffers.cell_owners)
+        b = self._buffers
+        verbs.launch_add_owner(_to_device(cells), len(cells), seq, b.cell_owners)
+        seq_cells.launch_copy_prefix(b.seq_cells, b.seq_len, src, seq, len(cells))
         return self._after("seq_clone", seq)
 
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         seq = self._table.check_live(seq)
-        self._drop(seq, self._table.seq_rm(seq))
+        self._drop(seq, self._table.seq_rm(seq), length=0)
         self._after("seq_rm")
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         seq = self._table.check_live(seq)
-        self._drop(seq, self._table.rewind(seq, position))
+        self._drop(seq, self._table.rewind(seq, position), length=self._table.length(seq))
         self._after("rewind")
 
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         verbs.launch_clear_table(self._buffers.cell_pos, self._buffers.cell_owners)
+        seq_cells.launch_clear_lengths(self._buffers.seq_len)
         self._declared = None
         self._after("clear")
 
-    def _drop(self, seq: int, cells: np.ndarray) -> None:
+    def _drop(self, seq: int, cells: np.ndarray, length: int) -> None:
+        """Mirrors a seq_rm or rewind: `seq` leaves `cells`, and holds `length` positions."""
+        b = self._buffers
         if len(cells):
-            b = self._buffers
             verbs.launch_drop_owner(_to_device(cells), len(cells), seq, b.cell_pos, b.cell_owners)
+        seq_cells.launch_set_length(b.seq_len, seq, length)
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
@@ -90,6 +95,9 @@ class CellCache(CacheBase):
         b.upload(cells, positions, seq_ids, read_len)
         placement.launch_place_tokens(
             b.cells, b.positions, b.seq_ids, width, b.cell_pos, b.cell_owners
+        )
+        seq_cells.launch_record_tokens(
+            b.cells, b.positions, b.seq_ids, width, b.seq_cells, b.seq_len
         )
         for window, mask in b.masks.items():
             masks.launch_write_mask(
@@ -134,6 +142,11 @@ class CellCache(CacheBase):
         """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
         [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
         return self._buffers.cell_pos.copy_to_host(), self._buffers.cell_owners.copy_to_host()
+
+    def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
+        (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
+        return self._buffers.seq_cells.copy_to_host(), self._buffers.seq_len.copy_to_host()
 
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""

@@ -10,7 +10,8 @@ from numbakv.errors import CapacityError, SequenceError, StepError
 
 
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
-    """[n] int32 live ids, 1 <= n <= max_width, n <= free cells; `table` is either table."""
+    """[n] int32 live ids, 1 <= n <= max_width, n <= free cells, no sequence past
+    max_seq_len positions; `table` is either table."""
     seq_ids = [table.check_live(seq) for seq in seq_ids]
     n = len(seq_ids)
     if not 1 <= n <= config.max_width:
@@ -20,7 +21,16 @@ def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
             f"the step declares {n} tokens but only {table.free_cells} of "
             f"{config.capacity} cells are free; seq_rm() or rewind() sequences first"
         )
-    return np.asarray(seq_ids, dtype=np.int32)
+    seq_ids = np.asarray(seq_ids, dtype=np.int32)
+    if table.used_cells + n <= config.max_seq_len:  # no sequence can hold more than that
+        return seq_ids
+    for seq, count in zip(*np.unique(seq_ids, return_counts=True), strict=True):
+        if table.length(seq) + count > config.max_seq_len:
+            raise CapacityError(
+                f"sequence {seq} holds {table.length(seq)} positions; {count} more would pass "
+                f"max_seq_len={config.max_seq_len}; rewind() it or raise max_seq_len"
+            )
+    return seq_ids
 
 
 def check_width(width, n: int, max_width: int) -> int:
@@ -49,6 +59,17 @@ def check_layer(layer, n_layers: int) -> int:
 def check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
     if tuple(shape) != tuple(expected):
         raise StepError(f"{name} has shape {tuple(shape)}; this step expects {list(expected)}")
+
+
+ATTENTION_MODES = ("gathered", "masked")
+
+
+def check_mode(mode) -> str:
+    """An attention mode: "gathered" (read each token's own cells) or "masked" (sweep
+    [0, read_len) under the window's mask); both give the same results."""
+    if mode not in ATTENTION_MODES:
+        raise StepError(f"mode={mode!r} is not an attention mode; give one of {ATTENTION_MODES}")
+    return mode
 
 
 def check_query(shape: tuple[int, ...], width: int, config: CacheConfig) -> int:

@@ -26,6 +26,9 @@ class CacheConfig:
     initial_cells : rows of the first allocation (it may be larger if a step needs
                     more); default min(256, capacity)
     dtype         : storage dtype of K and V, "float32" or "float16"
+    max_seq_len   : positions one sequence may hold, which bounds the device's
+                    position -> cell table [max_seqs, max_seq_len] int32 for gathered
+                    attention; default capacity
     """
 
     n_layers: int
@@ -37,6 +40,7 @@ class CacheConfig:
     windows: tuple[int, ...] | None = None
     initial_cells: int | None = None
     dtype: str = "float32"
+    max_seq_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
@@ -55,6 +59,14 @@ class CacheConfig:
             )
         _set(self, "initial_cells", initial)
         _set(self, "dtype", _dtype(self.dtype))
+        max_seq_len = capacity if self.max_seq_len is None else self.max_seq_len
+        max_seq_len = _int_at_least("max_seq_len", max_seq_len, 1)
+        if max_seq_len > capacity:
+            raise ConfigError(
+                f"max_seq_len={max_seq_len} exceeds capacity={capacity}; "
+                "give max_seq_len <= capacity"
+            )
+        _set(self, "max_seq_len", max_seq_len)
 
     @property
     def n_owner_words(self) -> int:

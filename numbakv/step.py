@@ -17,6 +17,8 @@ class StepBuffers:
     masks                     : window -> [max_width, capacity] uint8, 1 = attend
     cell_pos                  : [capacity] int32, mirror of the table's positions (-1 = free)
     cell_owners               : [capacity, n_owner_words] uint64, mirror of the owner bitsets
+    seq_cells                 : [max_seqs, max_seq_len] int32, each sequence's cells by position
+    seq_len                   : [max_seqs] int32, positions each sequence holds
     """
 
     def __init__(self, config: CacheConfig):
@@ -30,6 +32,10 @@ class StepBuffers:
         }
         self.cell_pos = cuda.to_device(np.full(cap, -1, np.int32))
         self.cell_owners = cuda.to_device(np.zeros((cap, config.n_owner_words), np.uint64))
+        self.seq_cells = cuda.to_device(
+            np.full((config.max_seqs, config.max_seq_len), -1, np.int32)
+        )
+        self.seq_len = cuda.to_device(np.zeros(config.max_seqs, np.int32))
 
     def all(self) -> dict[str, object]:
         """Every buffer by name (masks as `mask_w{window}`)."""
@@ -40,6 +46,8 @@ class StepBuffers:
             "read_len": self.read_len,
             "cell_pos": self.cell_pos,
             "cell_owners": self.cell_owners,
+            "seq_cells": self.seq_cells,
+            "seq_len": self.seq_len,
         }
         named.update({f"mask_w{w}": mask for w, mask in self.masks.items()})
         return named

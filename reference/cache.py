@@ -3,7 +3,7 @@
 import numpy as np
 
 from numbakv.base import CacheBase
-from numbakv.checks import check_layer, check_query, check_shape
+from numbakv.checks import check_layer, check_mode, check_query, check_shape
 from numbakv.config import CacheConfig
 from numbakv.errors import StepError
 
@@ -108,18 +108,23 @@ class CellCache(CacheBase):
         self._pool.v[layer][cells] = v[real]
         self._written.add(layer)
 
-    def attend(self, layer: int, q, scale: float | None = None) -> np.ndarray:
+    def attend(
+        self, layer: int, q, scale: float | None = None, mode: str = "gathered"
+    ) -> np.ndarray:
         """[width, n_heads, head_dim] float32: each token's attention over the cells it sees.
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads; query head h
                 reads KV head h // (n_heads // n_kv_heads)
         scale : default 1 / sqrt(head_dim)
+        mode  : "gathered" or "masked", the device's two kernels; the reference computes
+                both the same way, from the mask
 
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells of the layer's window mask, in float32;
         rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
+        check_mode(mode)
         if layer not in self._written:
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"

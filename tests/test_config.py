@@ -20,6 +20,7 @@ def test_defaults():
     assert make(capacity=1024).initial_cells == 256
     assert cfg.dtype == "float32"
     assert cfg.distinct_windows == (0,)
+    assert cfg.max_seq_len == 64  # capacity
 
 
 @pytest.mark.parametrize(
@@ -40,6 +41,8 @@ def test_defaults():
         (dict(dtype="bogus"), ["dtype"]),
         (dict(head_dim=2.5), ["head_dim", "integer"]),
         (dict(capacity=True), ["capacity", "integer"]),
+        (dict(max_seq_len=0), ["max_seq_len", "1"]),
+        (dict(max_seq_len=65), ["max_seq_len", "capacity=64"]),
     ],
 )
 def test_refusals_name_field_and_bound(overrides, words):

@@ -37,6 +37,7 @@ def assert_same(device, reference) -> None:
     assert (pos_past == -1).all() and (owners_past == 0).all()
     for seq in reference.live_seqs:
         assert device.pos(seq) == reference.pos(seq)
+    assert_seq_table(device, expect)
     assert (device.rows, device.growth_count, device.generation, device.allocated_bytes) == (
         reference.rows, reference.growth_count, reference.generation, reference.allocated_bytes
     )  # fmt: skip
@@ -44,6 +45,16 @@ def assert_same(device, reference) -> None:
     for layer in range(reference.config.n_layers):
         for got, want in zip(device.pool_kv(layer), reference.pool_kv(layer), strict=True):
             assert got[occupied].tobytes() == want[occupied].tobytes(), layer
+
+
+def assert_seq_table(device, expect: Snapshot) -> None:
+    """seq_cells rows and seq_len equal each sequence's cells in position order."""
+    seq_cells, seq_len = device.seq_table()
+    for seq in range(len(expect.live)):
+        cells = [c for c in range(expect.read_len) if seq in expect.owners_of(c)]
+        cells.sort(key=lambda c: expect.pos[c])
+        assert seq_len[seq] == len(cells), seq
+        assert seq_cells[seq, : len(cells)].tolist() == cells, seq
 
 
 def assert_same_step(got, expect) -> None:
@@ -65,11 +76,13 @@ class DeviceMachine(RuleBasedStateMachine):
         capacity=st.integers(10, 24),
         initial_cells=st.integers(1, 4),
         max_width=st.integers(1, 6),
+        max_seq_len=st.integers(6, 10),
     )
-    def setup(self, max_seqs, windows, dtype, capacity, initial_cells, max_width):
+    def setup(self, max_seqs, windows, dtype, capacity, initial_cells, max_width, max_seq_len):
         self.cfg = small_config(
             n_layers=len(windows), windows=windows, n_kv_heads=2, head_dim=3, dtype=dtype,
             max_seqs=max_seqs, capacity=capacity, initial_cells=initial_cells, max_width=max_width,
+            max_seq_len=max_seq_len,
         )  # fmt: skip
         self.device, self.reference = numbakv.CellCache(self.cfg), RefCache(self.cfg)
         self.rng = np.random.default_rng(0)

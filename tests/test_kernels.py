@@ -15,6 +15,12 @@ from numbakv.device import IS_SIMULATOR, cuda
 from numbakv.kernels import SIM_THREADS, THREADS
 from numbakv.kernels.masks import launch_write_mask
 from numbakv.kernels.placement import launch_place_tokens, launch_scatter_kv
+from numbakv.kernels.seq_cells import (
+    launch_clear_lengths,
+    launch_copy_prefix,
+    launch_record_tokens,
+    launch_set_length,
+)
 from numbakv.kernels.verbs import launch_add_owner, launch_clear_table, launch_drop_owner
 from numbakv.reference import CacheConfig, CellCache
 from numbakv.reference.step import window_mask
@@ -514,3 +520,54 @@ def pad(x: np.ndarray) -> np.ndarray:
     out = np.full(MAX_WIDTH, 7, np.int32)
     out[: len(x)] = x
     return out
+
+
+# -- the position -> cell table (seq_cells) ----------------------------------------------
+
+
+@pytest.mark.parametrize("width", [1, BLOCK + 1])
+def test_record_tokens_writes_each_position_and_the_longest_length(width):
+    # reference: tokens of 3 sequences (ids 0, 64, 199), one repeated, plus padding rows
+    rng = np.random.default_rng(width)
+    seq_ids = rng.choice([0, 64, 199], size=MAX_WIDTH).astype(np.int32)
+    seq_ids[width // 2 :: 3] = -1  # padding inside the width is skipped
+    positions = np.zeros(MAX_WIDTH, np.int32)
+    for s in (0, 64, 199):
+        positions[seq_ids == s] = 5 + np.arange(np.count_nonzero(seq_ids == s))
+    cells = rng.permutation(CAPACITY)[:MAX_WIDTH].astype(np.int32)
+    seq_cells = np.full((200, 64), -9, np.int32)
+    seq_len = np.full(200, 5, np.int32)
+    expect_cells, expect_len = seq_cells.copy(), seq_len.copy()
+    for t in range(width):
+        if seq_ids[t] >= 0:
+            expect_cells[seq_ids[t], positions[t]] = cells[t]
+            expect_len[seq_ids[t]] = max(expect_len[seq_ids[t]], positions[t] + 1)
+    # device
+    seq_cells_d, seq_len_d = to_d(seq_cells), to_d(seq_len)
+    launch_record_tokens(to_d(cells), to_d(positions), to_d(seq_ids), width, seq_cells_d, seq_len_d)
+    # compare
+    np.testing.assert_array_equal(seq_cells_d.copy_to_host(), expect_cells)
+    np.testing.assert_array_equal(seq_len_d.copy_to_host(), expect_len)
+
+
+@pytest.mark.parametrize("upto", [0, 1, BLOCK, BLOCK + 3])
+def test_copy_prefix_copies_a_row_and_sets_the_length(upto):
+    seq_cells = np.arange(3 * 64, dtype=np.int32).reshape(3, 64)
+    seq_len = np.array([40, 50, 7], np.int32)
+    expect_cells, expect_len = seq_cells.copy(), seq_len.copy()
+    expect_cells[2, :upto] = seq_cells[1, :upto]
+    expect_len[2] = upto
+    seq_cells_d, seq_len_d = to_d(seq_cells), to_d(seq_len)
+    launch_copy_prefix(seq_cells_d, seq_len_d, 1, 2, upto)
+    np.testing.assert_array_equal(seq_cells_d.copy_to_host(), expect_cells)
+    np.testing.assert_array_equal(seq_len_d.copy_to_host(), expect_len)
+
+
+def test_set_length_and_clear_lengths_touch_only_lengths():
+    seq_cells = np.arange(3 * 8, dtype=np.int32).reshape(3, 8)
+    seq_cells_d, seq_len_d = to_d(seq_cells), to_d(np.array([8, 6, 3], np.int32))
+    launch_set_length(seq_len_d, 1, 2)
+    assert seq_len_d.copy_to_host().tolist() == [8, 2, 3]
+    launch_clear_lengths(seq_len_d)
+    assert seq_len_d.copy_to_host().tolist() == [0, 0, 0]
+    np.testing.assert_array_equal(seq_cells_d.copy_to_host(), seq_cells)

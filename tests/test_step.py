@@ -80,6 +80,18 @@ def test_padding():
     assert not cache.pool_kv(0)[0][2:].any()
 
 
+def test_declare_past_max_seq_len_refused():
+    cache = CellCache(small_config(capacity=16, max_seq_len=5))
+    a, b = cache.seq_new(), cache.seq_new()
+    step_with(cache, [a] * 3 + [b])
+    before = full_state(cache)
+    with pytest.raises(CapacityError, match="max_seq_len=5"):
+        cache.declare_step([b, a, a, a])
+    assert full_state(cache) == before
+    step_with(cache, [a, a, b])  # exactly max_seq_len
+    assert cache.pos(a) == 5
+
+
 def test_width_defaults_to_declared_count(cache):
     a = cache.seq_new()
     assert step_with(cache, [a, a, a]).width == 3
