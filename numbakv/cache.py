@@ -6,12 +6,13 @@ kernels for placement, the table mirror and the masks.
 import numpy as np
 
 from numbakv.base import CacheBase
-from numbakv.checks import check_layer, check_shape
+from numbakv.checks import check_layer, check_mode, check_query, check_shape
 from numbakv.config import CacheConfig
 from numbakv.device import cuda
 from numbakv.errors import StepError
-from numbakv.kernels import masks, placement, seq_cells, verbs
+from numbakv.kernels import attention, masks, placement, seq_cells, verbs
 from numbakv.pool import DevicePool, device_allocator
+from numbakv.reference.attention import default_scale
 from numbakv.reference.pool import Allocator
 from numbakv.step import Step, StepBuffers
 from numbakv.table import HostTable
@@ -31,6 +32,7 @@ class CellCache(CacheBase):
     def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
         super().__init__(config, HostTable(config), DevicePool(config, allocator))
         self._buffers = StepBuffers(config)
+        self._workspaces: dict[int, tuple] = {}  # n_heads -> decode split scratch, reused
 
     # -- table verbs: the host table decides, a kernel updates the mirror ------
 
@@ -124,12 +126,52 @@ class CellCache(CacheBase):
         )
         self._written.add(layer)
 
-    def attend(self, layer: int, q, scale: float | None = None):
-        """Not yet: device attention comes with its kernels; it never falls back to the host."""
-        raise NotImplementedError(
-            "numbakv.CellCache.attend needs the device attention kernels, which are not built "
-            "yet; use numbakv.reference.CellCache for attention meanwhile"
-        )
+    def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered"):
+        """[width, n_heads, head_dim] float32 device array: each token's attention over the
+        cells it sees, computed on the device.
+
+        q     : [width, n_heads, head_dim] float32 (NumPy or device), n_heads a multiple of
+                n_kv_heads; query head h reads KV head h // (n_heads // n_kv_heads)
+        scale : default 1 / sqrt(head_dim)
+        mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
+                proportion to what it sees; "masked" sweeps [0, read_len) under the window's
+                mask (the seed design). Both equal the reference's attend.
+        Rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
+        """
+        step = self._current_step()
+        layer = check_layer(layer, self.config.n_layers)
+        check_mode(mode)
+        if layer not in self._written:
+            raise StepError(
+                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
+            )
+        check_query(np.shape(q), step.width, self.config)
+        q = _device_input(q, np.float32)
+        scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
+        out = cuda.device_array(q.shape, np.float32)
+        k, v, b = self._pool.k[layer], self._pool.v[layer], self._buffers
+        window = self.config.windows[layer]
+        workspace = self._workspace(q.shape[1])
+        if mode == "masked":
+            attention.launch_attend_masked(
+                q, k, v, b.masks[window], step.width, step.read_len, scale, out,
+                workspace=workspace,
+            )  # fmt: skip
+        else:
+            longest = int(step.positions.max()) + 1  # the longest range a token reads
+            attention.launch_attend_gathered(
+                q, k, v, b.seq_cells, b.seq_ids, b.positions, step.width, window, scale, out,
+                workspace=workspace, max_len=min(longest, window) if window else longest,
+            )  # fmt: skip
+        return out
+
+    def _workspace(self, n_heads: int) -> tuple:
+        """The decode kernels' split scratch for `n_heads` query heads, made once."""
+        if n_heads not in self._workspaces:
+            self._workspaces[n_heads] = attention.split_workspace(
+                self.config.max_width, n_heads, self.config.head_dim
+            )
+        return self._workspaces[n_heads]
 
     # -- state -----------------------------------------------------------------
 
@@ -161,16 +203,18 @@ def _to_device(array: np.ndarray):
     return cuda.to_device(np.ascontiguousarray(array, dtype=np.int32))
 
 
-def _device_input(x):
-    """A C-contiguous float32/float16 device array for x (NumPy arrays are uploaded; any
-    array with `__cuda_array_interface__` is used in place)."""
+def _device_input(x, *dtypes):
+    """A C-contiguous device array of one of `dtypes` (default float32 or float16) for x:
+    NumPy arrays are cast to float32 where needed and uploaded; device arrays (anything
+    with `__cuda_array_interface__`) are used in place and must have such a dtype."""
+    dtypes = tuple(np.dtype(d) for d in dtypes) or INPUT_DTYPES
     if hasattr(x, "__cuda_array_interface__") and not hasattr(x, "copy_to_host"):
         x = cuda.as_cuda_array(x)
     if hasattr(x, "copy_to_host"):
-        if np.dtype(x.dtype) not in INPUT_DTYPES:
-            raise StepError(f"device K/V must be float32 or float16, got {x.dtype}")
+        if np.dtype(x.dtype) not in dtypes:
+            raise StepError(f"device array of dtype {x.dtype}; give one of {dtypes}")
         return x
     x = np.asarray(x)
-    if x.dtype not in INPUT_DTYPES:
+    if x.dtype not in dtypes:
         x = x.astype(np.float32)
     return cuda.to_device(np.ascontiguousarray(x))

@@ -2,7 +2,9 @@
 
 The simulator runs Python that no GPU compiler accepts, so each kernel is also compiled
 for real, without a GPU: a subprocess with NUMBAKV_DEVICE=compile (numba without the
-simulator) compiles every REGISTRY entry for every signature and prints one JSON object.
+simulator) compiles every REGISTRY entry for every signature, writes each PTX to a file and
+prints one JSON object. Where a ptxas of the NVVM's release is at hand, the attention
+kernels' PTX is also assembled for sm_90 (registers, shared memory, spills).
 """
 
 import json
@@ -16,8 +18,20 @@ from pathlib import Path
 import pytest
 
 import numbakv
+from numbakv.kernels.attention import STORAGE
 
 CCS = [(8, 0), (9, 0)]
+ATTENTION_KERNELS = {
+    f"numbakv.kernels.attention.{name}"
+    for name in (
+        "attend_masked_decode",
+        "attend_masked_prefill",
+        "attend_gathered_decode",
+        "attend_gathered_prefill",
+        "merge_splits",
+    )
+}
+SMEM_LIMIT = 48 * 1024  # static shared memory per block
 KERNELS = {
     "numbakv.kernels.placement.scatter_kv",
     "numbakv.kernels.placement.place_tokens",
@@ -25,11 +39,17 @@ KERNELS = {
     "numbakv.kernels.verbs.drop_owner",
     "numbakv.kernels.verbs.clear_table",
     "numbakv.kernels.masks.write_mask",
+    "numbakv.kernels.seq_cells.record_tokens",
+    "numbakv.kernels.seq_cells.copy_prefix",
+    "numbakv.kernels.seq_cells.set_length",
+    "numbakv.kernels.seq_cells.clear_lengths",
+    *ATTENTION_KERNELS,
 }
 
 COMPILE_ALL = textwrap.dedent(
     """
     import json, re, sys, time
+    from pathlib import Path
 
     from numbakv.device import MODE, cuda
     from numbakv.kernels import load_all
@@ -39,9 +59,10 @@ COMPILE_ALL = textwrap.dedent(
     result = {}
     for name, (fn, signatures, options) in load_all().items():
         runs = result[name] = []
-        for sig in signatures:
+        for i, sig in enumerate(signatures):
             for cc in ccs:
-                run = {"sig": str(sig), "cc": list(cc), "target": None, "f64": [], "error": None}
+                run = {"sig": str(sig), "cc": list(cc), "target": None, "f64": [], "error": None,
+                       "ptx_file": None}
                 start = time.perf_counter()
                 try:
                     ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **options)
@@ -51,6 +72,9 @@ COMPILE_ALL = textwrap.dedent(
                     target = re.search(r"^\\.target\\s+(\\w+)", ptx, re.MULTILINE)
                     run["target"] = target and target.group(1)
                     run["f64"] = [ln.strip() for ln in ptx.splitlines() if ".f64" in ln][:5]
+                    path = Path(f"{name}.{i}.sm_{cc[0]}{cc[1]}.ptx").resolve()
+                    path.write_text(ptx)
+                    run["ptx_file"] = str(path)
                 run["seconds"] = time.perf_counter() - start
                 runs.append(run)
     print(json.dumps(result))
@@ -111,3 +135,73 @@ def test_scatter_kv_compiles_every_dtype_pair(compiled):
     floats = [re.findall(r"(float\d+)\[", sig) for sig in sigs]  # k, v, k_pool, v_pool
     pairs = {(f[0], f[2]) for f in floats if f[0] == f[1] and f[2] == f[3]}
     assert pairs == {(x, s) for x in ("float32", "float16") for s in ("float32", "float16")}
+
+
+def test_attention_kernels_compile_for_both_storage_dtypes(compiled):
+    for name in ATTENTION_KERNELS - {"numbakv.kernels.attention.merge_splits"}:
+        sigs = [r["sig"] for r in compiled[name]]
+        pools = {re.findall(r"(float\d+)\[", sig)[1] for sig in sigs}  # q, then k_pool
+        assert pools == set(STORAGE), (name, pools)
+        assert not [r for r in compiled[name] if r["error"] or r["f64"]]
+
+
+def ptxas_or_skip() -> str:
+    """The ptxas cuda.pathfinder finds (the pip one first), or pytest.skip with the reason."""
+    try:
+        from cuda import pathfinder
+
+        ptxas = pathfinder.find_nvidia_binary_utility("ptxas")
+    except Exception as e:  # no cuda-pathfinder, or it raised: nothing to run
+        pytest.skip(f"cuda.pathfinder cannot look for ptxas: {type(e).__name__}: {e}")
+    if not ptxas:
+        pytest.skip("no ptxas found (install numba-cuda[cu12] for a matching one)")
+    return ptxas
+
+
+def ptxas_report(ptxas: str, ptx_file: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ptxas, "-v", "--gpu-name", "sm_90", ptx_file, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_attention_kernels_assemble_for_sm90_without_spills(compiled):
+    # the kernels size every shared and register array for head_dim 128 (HEAD_DIM_MAX), so
+    # one assembly per signature is the head_dim 128 figure
+    ptxas = ptxas_or_skip()
+    release = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60)
+    runs = [(name, r) for name in sorted(ATTENTION_KERNELS) for r in compiled[name]
+            if r["cc"] == [9, 0]]  # fmt: skip
+    ptx_version = re.search(r"^\.version\s+(\S+)", Path(runs[0][1]["ptx_file"]).read_text(), re.M)
+    first = ptxas_report(ptxas, runs[0][1]["ptx_file"])
+    if first.returncode and "Unsupported .version" in first.stderr:
+        line = release.stdout.strip().splitlines()[-1] if release.stdout else "?"
+        pytest.skip(
+            f"{ptxas} ({line}) rejects PTX .version {ptx_version and ptx_version.group(1)}: "
+            "pair NVVM with a ptxas of its release (NUMBA_NOTES)"
+        )
+    problems = []
+    for name, r in runs:
+        proc = ptxas_report(ptxas, r["ptx_file"])
+        if proc.returncode:
+            problems.append(f"{name} {r['sig']}: ptxas failed: {proc.stderr[-2000:]}")
+            continue
+        report = proc.stdout + proc.stderr
+        registers = re.findall(r"Used (\d+) registers", report)
+        smem = [int(x) for x in re.findall(r"(\d+) bytes smem", report)] or [0]
+        spills = re.findall(r"(\d+) bytes spill (stores|loads)", report)
+        pool = re.findall(r"(float\d+)\[", r["sig"])[1]  # q, then k_pool (merge: none)
+        label = name.rsplit(".", 1)[1] + ("" if "merge" in name else f" [{pool} pool]")
+        print(f"{label} sm_90: {','.join(registers)} registers, {max(smem)} bytes smem, "
+              f"spills {spills}")  # fmt: skip
+        if not registers or not spills:
+            problems.append(f"{name} {r['sig']}: no register or spill figures in:\n{report}")
+        if "0 bytes spill stores" not in report or "0 bytes spill loads" not in report:
+            problems.append(f"{name} {r['sig']}: spills:\n{report}")
+        if any(int(n) for n, _ in spills):
+            problems.append(f"{name} {r['sig']}: spills {spills}")
+        if max(smem) > SMEM_LIMIT:
+            problems.append(f"{name} {r['sig']}: {max(smem)} bytes of shared memory")
+    assert not problems, "\n".join(problems)

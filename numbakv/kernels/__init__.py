@@ -37,7 +37,7 @@ def device_function(fn: Callable) -> Callable:
 
 
 # every kernel module, imported by `load_all()` so that REGISTRY holds every kernel
-MODULES = ("placement", "verbs", "masks", "seq_cells")
+MODULES = ("placement", "verbs", "masks", "seq_cells", "attention")
 
 SIM_THREADS = 32  # one simulated block: each simulated thread costs ~0.2 ms per launch
 THREADS = 256  # threads per block on a GPU
