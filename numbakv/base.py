@@ -7,7 +7,13 @@ A cache gives `_table` (`check_live`, `length`, `read_len`, `used_cells`, `free_
 
 import numpy as np
 
-from numbakv.checks import check_declaration, check_width
+from numbakv.checks import (
+    check_declaration,
+    check_layer,
+    check_mode,
+    check_query,
+    check_width,
+)
 from numbakv.config import CacheConfig
 from numbakv.errors import StepError
 from numbakv.observe import Observable
@@ -98,6 +104,19 @@ class CacheBase(Observable):
             self._step.expire()
         self._step = None
         self._written = set()
+
+    def _attend_step(self, layer, q_shape: tuple[int, ...], mode: str):
+        """(step, layer) for attend, after its checks: a live step, the layer written in
+        it, a known mode and a query [width, n_heads, head_dim]."""
+        step = self._current_step()
+        layer = check_layer(layer, self.config.n_layers)
+        check_mode(mode)
+        if layer not in self._written:
+            raise StepError(
+                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
+            )
+        check_query(q_shape, step.width, self.config)
+        return step, layer
 
     def _current_step(self):
         if self._step is None:

@@ -6,7 +6,7 @@ kernels for placement, the table mirror and the masks.
 import numpy as np
 
 from numbakv.base import CacheBase
-from numbakv.checks import check_layer, check_mode, check_query, check_shape
+from numbakv.checks import check_layer, check_shape
 from numbakv.config import CacheConfig
 from numbakv.device import cuda
 from numbakv.errors import StepError
@@ -138,14 +138,7 @@ class CellCache(CacheBase):
                 mask (the seed design). Both equal the reference's attend.
         Rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
-        step = self._current_step()
-        layer = check_layer(layer, self.config.n_layers)
-        check_mode(mode)
-        if layer not in self._written:
-            raise StepError(
-                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
-            )
-        check_query(np.shape(q), step.width, self.config)
+        step, layer = self._attend_step(layer, np.shape(q), mode)
         q = _device_input(q, np.float32)
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         out = cuda.device_array(q.shape, np.float32)

@@ -14,6 +14,8 @@ import ctypes
 import os
 import sys
 
+import numpy as np
+
 from numbakv.errors import ConfigError
 
 MODES = ("auto", "gpu", "sim", "compile")
@@ -61,9 +63,45 @@ MODE = _choose_mode()
 from numba import cuda  # noqa: E402  (only after NUMBA_ENABLE_CUDASIM is set)
 
 IS_SIMULATOR = MODE == "sim"
+
+
+def _lock_simulated_shared_arrays() -> None:
+    """Makes the simulator's `cuda.shared.array` thread-safe.
+
+    It keys each shared array by its caller's file and line and creates it with an
+    unlocked check-then-insert, so two threads of a block can get different arrays
+    (seen as wrong results in about 1 of 10 fresh runs of a shared-memory kernel).
+    """
+    import threading
+    import traceback
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    dynamic_or_checked = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return dynamic_or_checked(self, shape, dtype, alignment)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]
+        with lock:
+            if caller not in self._allocations:
+                self._allocations[caller] = np.empty(shape, _numpy_dtype(dtype))
+            return self._allocations[caller]
+
+    FakeCUDAShared.array = array
+
+
+def _numpy_dtype(dtype):
+    from numba.np.numpy_support import as_dtype
+
+    return np.dtype(dtype) if isinstance(dtype, (np.dtype, type, str)) else as_dtype(dtype)
+
+
 if IS_SIMULATOR:
     # the simulator busy-polls its threads holding the GIL; switching often is ~5x faster
     sys.setswitchinterval(5e-4)
+    _lock_simulated_shared_arrays()
 
 
 def device_info() -> dict:

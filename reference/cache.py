@@ -3,9 +3,8 @@
 import numpy as np
 
 from numbakv.base import CacheBase
-from numbakv.checks import check_layer, check_mode, check_query, check_shape
+from numbakv.checks import check_layer, check_shape
 from numbakv.config import CacheConfig
-from numbakv.errors import StepError
 
 from .attention import attend_cells, default_scale
 from .pool import Allocator, KVPool, numpy_allocator
@@ -122,15 +121,8 @@ class CellCache(CacheBase):
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells of the layer's window mask, in float32;
         rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
-        step = self._current_step()
-        layer = check_layer(layer, self.config.n_layers)
-        check_mode(mode)
-        if layer not in self._written:
-            raise StepError(
-                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
-            )
         q = _host(q)
-        check_query(q.shape, step.width, self.config)
+        step, layer = self._attend_step(layer, q.shape, mode)
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         mask = step.mask(self.config.windows[layer])
         q = q.astype(np.float32)
