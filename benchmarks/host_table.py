@@ -29,8 +29,8 @@ import platform
 import statistics
 import sys
 import time
+from importlib.metadata import version
 
-import numba
 import numpy as np
 
 from numbakv.config import CacheConfig
@@ -54,7 +54,7 @@ def header() -> None:
     print("numbakv host cell table benchmark")
     print(f"  python   {platform.python_version()} ({platform.python_implementation()})")
     print(f"  numpy    {np.__version__}")
-    print(f"  numba    {numba.__version__}")
+    print(f"  numba    {version('numba')}")
     print(f"  machine  {platform.platform()}, {platform.machine()}")
     print(f"  cpus     {os.cpu_count()} (usable by this process: {usable})")
 
