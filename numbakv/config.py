@@ -44,14 +44,14 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
-            _set(self, name, _int_at_least(name, getattr(self, name), 1))
-        capacity = _int_at_least("capacity", self.capacity, self.max_width)
+            _set(self, name, int_at_least(name, getattr(self, name), 1))
+        capacity = int_at_least("capacity", self.capacity, self.max_width)
         _set(self, "capacity", capacity)
         _set(self, "windows", _windows(self.windows, self.n_layers))
         initial = self.initial_cells
         if initial is None:
             initial = min(DEFAULT_INITIAL_CELLS, capacity)
-        initial = _int_at_least("initial_cells", initial, 1)
+        initial = int_at_least("initial_cells", initial, 1)
         if initial > capacity:
             raise ConfigError(
                 f"initial_cells={initial} exceeds capacity={capacity}; "
@@ -60,7 +60,7 @@ class CacheConfig:
         _set(self, "initial_cells", initial)
         _set(self, "dtype", _dtype(self.dtype))
         max_seq_len = capacity if self.max_seq_len is None else self.max_seq_len
-        max_seq_len = _int_at_least("max_seq_len", max_seq_len, 1)
+        max_seq_len = int_at_least("max_seq_len", max_seq_len, 1)
         if max_seq_len > capacity:
             raise ConfigError(
                 f"max_seq_len={max_seq_len} exceeds capacity={capacity}; "
@@ -98,7 +98,8 @@ def _set(config: CacheConfig, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
-def _int_at_least(name: str, value, bound: int) -> int:
+def int_at_least(name: str, value, bound: int) -> int:
+    """`value` as an int >= bound (bools refused), or ConfigError naming `name` and the bound."""
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:
@@ -113,7 +114,7 @@ def _int_at_least(name: str, value, bound: int) -> int:
 def _windows(windows, n_layers: int) -> tuple[int, ...]:
     if windows is None:
         return (0,) * n_layers
-    windows = tuple(_int_at_least("windows[i]", w, 0) for w in windows)
+    windows = tuple(int_at_least("windows[i]", w, 0) for w in windows)
     if len(windows) != n_layers:
         raise ConfigError(
             f"windows has {len(windows)} entries but n_layers={n_layers}; give one window per layer"

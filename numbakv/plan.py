@@ -4,11 +4,10 @@ A prefill forward takes 2 to `max_width` tokens; a decode forward takes one. The
 runs the slices in order, each declaring its tokens to the cache.
 """
 
-import operator
 from dataclasses import dataclass
 from typing import Literal
 
-from numbakv.errors import ConfigError
+from numbakv.config import int_at_least
 
 
 @dataclass(frozen=True)
@@ -30,9 +29,9 @@ def plan_slices(total: int, max_width: int, min_prefill: int = 2) -> list[Slice]
         plan_slices(10, 8)                -> prefill 8, prefill 2
         plan_slices(11, 8, min_prefill=5) -> prefill 8, decode 1, decode 1, decode 1
     """
-    total = _count("total", total, 0)
-    max_width = _count("max_width", max_width, 1)
-    min_prefill = _count("min_prefill", min_prefill, 1)
+    total = int_at_least("total", total, 0)
+    max_width = int_at_least("max_width", max_width, 1)
+    min_prefill = int_at_least("min_prefill", min_prefill, 1)
     slices, start = [], 0
     while start < total:
         length = min(max_width, total - start)
@@ -42,13 +41,3 @@ def plan_slices(total: int, max_width: int, min_prefill: int = 2) -> list[Slice]
             slices += [Slice(start + i, 1, "decode") for i in range(length)]
         start += length
     return slices
-
-
-def _count(name: str, value, bound: int) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if value < bound:
-        raise ConfigError(f"{name}={value} is below its bound {bound}")
-    return value
