@@ -48,25 +48,12 @@ class CacheConfig:
         capacity = int_at_least("capacity", self.capacity, self.max_width)
         _set(self, "capacity", capacity)
         _set(self, "windows", _windows(self.windows, self.n_layers))
-        initial = self.initial_cells
-        if initial is None:
-            initial = min(DEFAULT_INITIAL_CELLS, capacity)
-        initial = int_at_least("initial_cells", initial, 1)
-        if initial > capacity:
-            raise ConfigError(
-                f"initial_cells={initial} exceeds capacity={capacity}; "
-                "give initial_cells <= capacity"
-            )
-        _set(self, "initial_cells", initial)
+        for name, default in (
+            ("initial_cells", min(DEFAULT_INITIAL_CELLS, capacity)),
+            ("max_seq_len", capacity),
+        ):
+            _set(self, name, _cells_up_to_capacity(name, getattr(self, name), default, capacity))
         _set(self, "dtype", _dtype(self.dtype))
-        max_seq_len = capacity if self.max_seq_len is None else self.max_seq_len
-        max_seq_len = int_at_least("max_seq_len", max_seq_len, 1)
-        if max_seq_len > capacity:
-            raise ConfigError(
-                f"max_seq_len={max_seq_len} exceeds capacity={capacity}; "
-                "give max_seq_len <= capacity"
-            )
-        _set(self, "max_seq_len", max_seq_len)
 
     @property
     def n_owner_words(self) -> int:
@@ -108,6 +95,14 @@ def int_at_least(name: str, value, bound: int) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
     if value < bound:
         raise ConfigError(f"{name}={value} is below its bound {bound}; give {name} >= {bound}")
+    return value
+
+
+def _cells_up_to_capacity(name: str, value, default: int, capacity: int) -> int:
+    """`value` (or `default` when None) as an int in [1, capacity], or ConfigError."""
+    value = int_at_least(name, default if value is None else value, 1)
+    if value > capacity:
+        raise ConfigError(f"{name}={value} exceeds capacity={capacity}; give {name} <= capacity")
     return value
 
 
