@@ -1,7 +1,8 @@
 """numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
 
 Importing this package imports no numba: names are resolved on first use, so
-`numbakv.reference`, `numbakv.errors`, `numbakv.trace` and `numbakv.viz` stay numba-free.
+`numbakv.reference`, `numbakv.errors`, `numbakv.trace`, `numbakv.viz` and the serving stack
+(`Model`, `Executor`, `Engine`, `DecodeFirstScheduler`, `Lockstep`) stay numba-free.
 The first use of `CellCache`, `Step` or `device_info` picks the device (see
 `numbakv.device`) and imports numba.
 """
@@ -24,6 +25,20 @@ _EXPORTS = {
     "StepError": "numbakv.errors",
     "BindingError": "numbakv.errors",
     "TraceError": "numbakv.errors",
+    "Model": "numbakv.model",
+    "ModelConfig": "numbakv.model",
+    "Sampling": "numbakv.sampling",
+    "plan_slices": "numbakv.plan",
+    "DecodeFirstScheduler": "numbakv.scheduler",
+    "Task": "numbakv.scheduler",
+    "Executor": "numbakv.executor",
+    "Input": "numbakv.executor",
+    "Output": "numbakv.executor",
+    "Engine": "numbakv.engine",
+    "Completion": "numbakv.engine",
+    "TokenEvent": "numbakv.engine",
+    "Lockstep": "numbakv.lockstep",
+    "LockstepError": "numbakv.lockstep",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,86 +1,73 @@
-"""`numbakv demo`: a small mixed workload through the reference cell cache.
+"""`numbakv demo`: a mixed serving workload on the device path, checked step by step.
 
-Prefills, decodes, a clone sharing a prefix, a removal whose holes refill and a
-rewind, with every token's attention checked against the solo oracle. Prints the
-pool after each phase as a text map.
+Six requests arrive over the first steps into an `Engine` over the device cache (the CUDA
+simulator without a GPU): a long prompt chunked through prefill while others decode, a
+request for n = 3 samples sharing its prompt's cells, a request cancelled mid-decode, and
+one that waits for a free session. Every batch also runs on the reference cache
+(`Lockstep`): the tables must be equal, the sampled tokens the same and the logits close.
+Prints the occupancy map at the busiest forward and a summary table.
 """
 
+import itertools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.reference import CellCache, solo_attention
-from numbakv.trace import Recorder
+from numbakv import CellCache, device_info
+from numbakv.engine import Engine
+from numbakv.executor import Executor
+from numbakv.lockstep import Lockstep
+from numbakv.model import Model, ModelConfig
+from numbakv.reference import CellCache as ReferenceCache
+from numbakv.sampling import GREEDY, Sampling
+from numbakv.scheduler import DecodeFirstScheduler
+from numbakv.trace import Recorder, Trace
 from numbakv.viz import render_text
-from numbakv.viz.text import cell_char
 
-CONFIG = CacheConfig(
-    n_layers=2,
-    n_kv_heads=2,
-    head_dim=16,
-    windows=(0, 8),
-    capacity=256,
-    max_width=32,
-    max_seqs=8,
-    initial_cells=16,
+MODEL = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
+CACHE = dict(capacity=512, max_width=16, max_seqs=8, initial_cells=16, dtype="float16")
+MAX_SESSIONS, MAX_SESSION_TOKENS = 7, 64  # 7 x 64 cells fit the capacity
+
+
+@dataclass(frozen=True)
+class Arrival:
+    step: int
+    name: str
+    prompt: str
+    max_new_tokens: int
+    n: int = 1
+    sampling: Sampling = GREEDY
+    cancel_at: int | None = None  # the step at which the demo cancels it
+
+
+WORKLOAD = (
+    Arrival(0, "greet", "Hello, cells!", 12),
+    Arrival(0, "short", "KV cache", 10),
+    Arrival(2, "long", "A long prompt is chunked while the others decode", 8),
+    Arrival(3, "n=3", "Three samples", 8, n=3, sampling=Sampling(0.8, top_p=0.95, seed=1)),
+    Arrival(1, "cancel", "Stop me early", 20, cancel_at=12),
+    Arrival(5, "late", "Waits for a session", 6),
 )
-N_HEADS = 4
 
 
-class Workload:
-    """Drives a cache and keeps each sequence's K/V history for the solo check."""
+@dataclass
+class Report:
+    """What the demo measured: the engine (its requests' results), the differential check's
+    figures, the request ids by name, the wall time and the device cache's trace (a frame
+    per forward)."""
 
-    def __init__(self, cache: CellCache, seed: int):
-        self.cache = cache
-        self.rng = np.random.default_rng(seed)
-        self.history: dict[int, list[np.ndarray]] = {}  # seq -> per layer [pos, 2, kv, d]
-        self.n_steps = self.n_tokens = 0
-        self.max_error = 0.0
+    engine: Engine
+    lockstep: Lockstep
+    ids: dict[str, int]
+    seconds: float
+    trace: Trace
 
-    def new(self) -> int:
-        seq = self.cache.seq_new()
-        cfg = self.cache.config
-        self.history[seq] = [
-            np.zeros((0, 2, cfg.n_kv_heads, cfg.head_dim), np.float32)
-        ] * cfg.n_layers
-        return seq
-
-    def clone(self, src: int, upto: int) -> int:
-        seq = self.cache.seq_clone(src, upto)
-        self.history[seq] = [h[:upto] for h in self.history[src]]
-        return seq
-
-    def rm(self, seq: int) -> None:
-        self.cache.seq_rm(seq)
-        del self.history[seq]
-
-    def rewind(self, seq: int, position: int) -> None:
-        self.cache.rewind(seq, position)
-        self.history[seq] = [h[:position] for h in self.history[seq]]
-
-    def step(self, seq_ids: list[int]) -> None:
-        """One forward: random K/V and q for every layer, attention checked against solo."""
-        cfg = self.cache.config
-        self.cache.declare_step(seq_ids)
-        step = self.cache.prepare_step()
-        for layer in range(cfg.n_layers):
-            shape = (step.width, cfg.n_kv_heads, cfg.head_dim)
-            k, v = self.rng.standard_normal((2, *shape), dtype=np.float32)
-            q = self.rng.standard_normal((step.width, N_HEADS, cfg.head_dim), dtype=np.float32)
-            self.cache.write(layer, k, v)
-            got = self.cache.attend(layer, q)
-            for t, seq in enumerate(seq_ids):
-                kv = np.stack([k[t], v[t]])[None].astype(cfg.dtype).astype(np.float32)
-                self.history[seq][layer] = np.concatenate([self.history[seq][layer], kv])
-            for t, (seq, p) in enumerate(zip(seq_ids, step.positions.tolist(), strict=True)):
-                hist = self.history[seq][layer]
-                expect = solo_attention(
-                    q[t : t + 1], hist[:, 0], hist[:, 1], [p], cfg.windows[layer]
-                )
-                self.max_error = max(self.max_error, float(np.abs(got[t] - expect[0]).max()))
-        self.n_steps += 1
-        self.n_tokens += len(seq_ids)
+    @property
+    def busiest(self) -> int:
+        """The forward after whose placement the most cells were in use (`--step` of viz)."""
+        return int(np.argmax(self.trace.metrics()["used"][self.trace.step_frames]))
 
 
 def run(
@@ -88,50 +75,75 @@ def run(
     columns: int = 64,
     trace_path: str | None = None,
     print_fn: Callable[[str], None] = print,
-) -> Workload:
-    """Runs the demo workload and prints each phase; returns the finished workload.
+) -> Report:
+    """Runs the workload and prints the map and the summary; returns the measurements.
 
-    trace_path : where to save the table after every step (a `numbakv.trace` .npz)
+    seed       : seeds the model's weights
+    trace_path : where to save the device cache's trace, a frame per forward (`.npz`)
+    Raises `LockstepError` at the first disagreement with the reference.
     """
-    work = Workload(CellCache(CONFIG), seed)
-    cache = work.cache
-    recorder = Recorder(cache)
-
-    def show(title: str) -> None:
-        snap = cache.snapshot()
-        print_fn(
-            f"\n{title}\n  read_len {cache.read_len}  used {cache.used_cells}  "
-            f"free {cache.free_cells}  rows {cache.rows}  growths {cache.growth_count}  "
-            f"live {' '.join(cell_char(s) for s in cache.live_seqs)}"
-        )
-        print_fn(render_text(snap, columns))
-
-    a, b, c = work.new(), work.new(), work.new()
-    work.step([a] * 12 + [b] * 7 + [c] * 5)
-    show("prefill a (12 tokens), b (7), c (5) in one step")
-    for _ in range(6):
-        work.step([a, b, c])
-    show("6 decode steps of [a, b, c]")
-    d = work.clone(a, upto=8)
-    for _ in range(4):
-        work.step([a, b, c, d])
-    show("d = clone(a, upto=8) shares a's first 8 cells (*); 4 decode steps of [a, b, c, d]")
-    work.rm(b)
-    show("seq_rm(b): b's cells are holes below read_len")
-    e = work.new()
-    work.step([e] * 10)
-    show(
-        "a new sequence takes the lowest free id (b again); its 10-token prefill refills the holes"
+    model = Model.from_seed(MODEL, seed)
+    device, reference = (
+        Executor(model, cls(MODEL.cache_config(**CACHE)), MAX_SESSIONS, MAX_SESSION_TOKENS)
+        for cls in (CellCache, ReferenceCache)
     )
-    work.rewind(c, 2)
-    for _ in range(3):
-        work.step([c, e])
-    show("rewind(c, 2), then 3 decode steps of [c, b]")
-    print_fn(
-        f"\n{work.n_steps} steps, {work.n_tokens} tokens; attention through cells vs solo "
-        f"oracle: max |difference| = {work.max_error:.2e}"
-    )
+    lockstep = Lockstep(device, reference)
+    engine = Engine(lockstep, DecodeFirstScheduler(16, 8, 8))
+    recorder = Recorder(device.cache)
+    cache = device.cache
+    print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
+             f"against the reference cache at every step")  # fmt: skip
+    ids: dict[str, int] = {}
+    start = time.perf_counter()
+    for tick in itertools.count():
+        for arrival in WORKLOAD:
+            if arrival.step == tick:
+                ids[arrival.name] = engine.submit(
+                    arrival.prompt, arrival.max_new_tokens, arrival.sampling, n=arrival.n
+                )
+            if arrival.cancel_at == tick:
+                engine.cancel(ids[arrival.name])
+        if not engine.is_busy and len(ids) == len(WORKLOAD):
+            break
+        engine.step()
+    seconds = time.perf_counter() - start
+    report = Report(engine, lockstep, ids, seconds, recorder.trace())
+    _print(report, cache, columns, print_fn)
     if trace_path:
-        recorder.save(trace_path)
-        print_fn(f"trace of {work.n_steps} steps saved to {trace_path}")
-    return work
+        report.trace.save(trace_path)
+        print_fn(f"trace saved to {trace_path}; draw it with `numbakv viz {trace_path}`")
+    return report
+
+
+def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None]) -> None:
+    engine, trace, busiest = report.engine, report.trace, report.busiest
+    metrics = trace.metrics()
+    snapshot = trace.snapshot(trace.step_frames[busiest])
+    print_fn(
+        f"\nthe pool at forward {busiest}, the busiest ({int(np.count_nonzero(snapshot.n_owners))} "
+        f"cells used; a letter per sequence, * shared, . free, | read_len):"
+    )
+    print_fn(render_text(snapshot, columns))
+    print_fn(
+        f"\n{'request':<8} {'arrives':>7} {'prompt':>6} {'n':>2} {'tokens':>6} {'steps':>5} "
+        f"{'ttft s':>7} {'tok/s':>6}  finished"
+    )
+    n_generated = 0
+    for arrival in WORKLOAD:
+        done = engine.result(report.ids[arrival.name])
+        m = done.metrics
+        n_generated += m.n_tokens
+        print_fn(
+            f"{arrival.name:<8} {arrival.step:>7} {len(done.prompt):>6} {arrival.n:>2} "
+            f"{m.n_tokens:>6} {m.n_steps:>5} {m.time_to_first_token or 0:>7.2f} "
+            f"{m.tokens_per_second or 0:>6.1f}  {' '.join(done.finish_reasons)}"
+        )
+    lockstep = report.lockstep
+    print_fn(
+        f"\n{engine.n_steps} steps ({len(trace.step_frames)} forwards), {n_generated} tokens "
+        f"generated in {report.seconds:.1f} s ({n_generated / report.seconds:.1f} tokens/s)\n"
+        f"peak {metrics['used'].max()} cells used, peak read_len {metrics['read_len'].max()}, "
+        f"{cache.rows} rows allocated after {cache.growth_count} growths\n"
+        f"every step checked against the reference: {lockstep.n_steps} batches, tables equal, "
+        f"tokens equal, logits within {lockstep.max_logit_error:.1e} of the largest"
+    )

@@ -92,3 +92,47 @@ class Snapshots:
 @pytest.fixture
 def cache() -> CellCache:
     return CellCache(small_config())
+
+
+def tiny_model(seed: int = 0, windows=(0, 4), **fields):
+    """A 2-layer model (global and window 4, GQA 2) small enough for the simulator."""
+    from numbakv.model import Model, ModelConfig
+
+    config = dict(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=32, windows=windows)
+    config.update(fields)
+    return Model.from_seed(ModelConfig(**config), seed)
+
+
+def solo_generate(model, prompt, max_new_tokens, sampling=None, stop_tokens=()):
+    """One prompt generated alone through a reference cache holding only its sequence: the
+    prompt in one step, then one token per step. Returns (tokens, [per token logits])."""
+    from numbakv.sampling import GREEDY, sample_token
+
+    sampling = sampling or GREEDY
+    size = len(prompt) + max_new_tokens
+    cache = CellCache(model.config.cache_config(capacity=size, max_width=size, max_seqs=1))
+    seq, rng = cache.seq_new(), sampling.generator()
+    tokens, logits, feed = [], [], list(prompt)
+    while True:
+        step = step_with(cache, [seq] * len(feed))
+        row = model.forward(cache, step, feed, [len(feed) - 1])[0]
+        tokens.append(sample_token(row, sampling, rng))
+        logits.append(row)
+        if tokens[-1] in stop_tokens or len(tokens) == max_new_tokens:
+            return tokens, logits
+        feed = tokens[-1:]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """`numbakv demo --trace FILE --columns 32` run once through the installed console
+    script: (the finished process, the trace's path)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("demo")
+    script = Path(sys.executable).with_name("numbakv")  # installed beside the interpreter
+    args = [str(script), "demo", "--trace", str(folder / "demo.npz"), "--columns", "32"]
+    done = subprocess.run(args, cwd=folder, capture_output=True, text=True)
+    return done, folder / "demo.npz"

@@ -1,15 +1,12 @@
-"""`numbakv demo` and the text map it prints."""
+"""`numbakv demo` (run once, through the console script) and the text map it prints."""
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from numbakv import demo
 from numbakv.cli import main
+from numbakv.lockstep import LockstepError
 from numbakv.reference import CellCache
 from numbakv.viz import render_text
 
@@ -42,50 +39,41 @@ def test_render_text_letters_per_id():
     assert text == " 0 " + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + "#" * 8 + "|"
 
 
-def test_demo_checks_attention_and_shows_each_phase():
-    lines = []
-    work = demo.run(print_fn=lines.append)
-    text = "\n".join(lines)
-    assert work.max_error < 1e-5 and work.n_steps == 15
-    assert text.count("\n  read_len ") == 6
-    assert "*" in text  # the clone's shared cells
-    final = work.cache.snapshot()
-    assert render_text(final) in text
-    assert final.read_len == work.cache.read_len and work.cache.growth_count >= 1
-
-
-def test_demo_history_matches_the_cache():
-    work = demo.run(print_fn=lambda line: None)
-    for seq, layers in work.history.items():
-        assert all(len(h) == work.cache.pos(seq) for h in layers)
-    assert sorted(work.history) == work.cache.live_seqs
-
-
-def test_main_demo_exit_code(capsys):
-    assert main(["demo", "--seed", "3", "--columns", "32"]) == 0
-    out = capsys.readouterr().out
-    assert "max |difference|" in out
-    map_lines = re.findall(r"^ *\d+ ([a-zA-Z.*#|]+)$", out, re.MULTILINE)
-    assert map_lines and all(len(line.replace("|", "")) <= 32 for line in map_lines)
-    assert sum(line.count("|") for line in map_lines) == 6
-
-
-def test_console_script(tmp_path):
-    script = Path(sys.executable).with_name("numbakv")  # installed beside the interpreter
-    done = subprocess.run([str(script), "demo"], cwd=tmp_path, capture_output=True, text=True)
+def test_demo_serves_the_workload_checked_against_the_reference(demo_run):
+    done, _ = demo_run
     assert done.returncode == 0, done.stderr
-    assert "max |difference|" in done.stdout
+    out = done.stdout
+    assert "numba CUDA simulator" in out or "GPU" in out
+    rows = dict(re.findall(r"^(\S+) +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +[\d.]+  (.+)$", out, re.M))
+    assert rows.keys() == {a.name for a in demo.WORKLOAD}
+    assert rows["cancel"] == "cancelled" and rows["n=3"] == "length length length"
+    assert all(rows[a.name] == "length" for a in demo.WORKLOAD if a.n == 1 and not a.cancel_at)
+    checked = re.search(r"checked against the reference: (\d+) batches, tables equal", out)
+    steps = re.search(r"^(\d+) steps \((\d+) forwards\), (\d+) tokens generated", out, re.M)
+    assert checked and steps
+    assert int(checked.group(1)) == int(steps.group(1)) <= int(steps.group(2))
+    generated = sum(int(n) for n in re.findall(r"^\S+ +\d+ +\d+ +\d+ +(\d+) ", out, re.M))
+    assert generated == int(steps.group(3))
+
+
+def test_demo_map_fits_the_columns(demo_run):
+    done, _ = demo_run
+    map_lines = re.findall(r"^ *\d+ ([a-zA-Z.*#|]+)$", done.stdout, re.MULTILINE)
+    assert map_lines and all(len(line.replace("|", "")) <= 32 for line in map_lines)
+    assert sum(line.count("|") for line in map_lines) == 1
+    assert any("*" in line for line in map_lines)  # the n=3 prompt is shared
+
+
+def test_demo_exit_code_says_when_the_device_disagrees(monkeypatch, capsys):
+    def disagree(**kwargs):
+        raise LockstepError("step 3: the cell tables differ")
+
+    monkeypatch.setattr(demo, "run", disagree)
+    assert main(["demo"]) == 1
+    assert "disagrees with the reference: step 3" in capsys.readouterr().err
 
 
 def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit) as info:
         main(["nope"])
     assert info.value.code == 2
-
-
-def test_demo_error_is_small_for_float16_too():
-    work = demo.Workload(CellCache(small_config(dtype="float16", n_kv_heads=2)), seed=0)
-    a = work.new()
-    work.step([a, a, a])
-    assert work.max_error < 1e-5
-    assert np.isfinite(work.max_error)

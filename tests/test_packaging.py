@@ -18,6 +18,13 @@ from numbakv import errors
         "numbakv.reference",
         "numbakv.trace",
         "numbakv.viz",
+        "numbakv.model",
+        "numbakv.sampling",
+        "numbakv.plan",
+        "numbakv.scheduler",
+        "numbakv.executor",
+        "numbakv.engine",
+        "numbakv.lockstep",
     ],
 )
 def test_import_does_not_import_numba(module, tmp_path):
@@ -44,6 +51,8 @@ def test_lazy_exports_resolve():
     assert numbakv.CacheConfig is CacheConfig
     assert numbakv.StepError is errors.StepError
     assert set(numbakv.__all__) <= set(dir(numbakv))
+    for name in numbakv.__all__:
+        assert getattr(numbakv, name).__name__ == name
     with pytest.raises(AttributeError):
         numbakv.NoSuchName  # noqa: B018
 

@@ -1,5 +1,7 @@
 """The pictures: the data behind each plot equals what the table says; the CLI writes PNGs."""
 
+import re
+
 import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
@@ -8,7 +10,7 @@ from matplotlib.image import imread
 from numbakv.cli import main
 from numbakv.reference import CellCache
 from numbakv.snapshot import FREE, SHARED
-from numbakv.trace import Recorder
+from numbakv.trace import Recorder, load_trace
 from numbakv.viz import plot_all, plot_cells, plot_mask, plot_metrics, plot_timeline
 from numbakv.viz.plots import PALETTE, owner_colours, seq_colour
 
@@ -165,8 +167,10 @@ def test_cli_refuses_bad_options(trace_path, tmp_path, args):
     assert info.value.code == 2
 
 
-def test_demo_trace_feeds_viz(tmp_path):
-    path = tmp_path / "demo.npz"
-    assert main(["demo", "--trace", str(path)]) == 0
+def test_demo_trace_feeds_viz(demo_run, tmp_path):
+    done, path = demo_run
+    assert done.returncode == 0, done.stderr
+    trace = load_trace(path)
+    assert len(trace.step_frames) >= int(re.search(r"(\d+) steps", done.stdout).group(1))
     assert main(["viz", str(path), "-o", str(tmp_path / "demo.png")]) == 0
     assert imread(tmp_path / "demo.png").shape[0] > 100

@@ -1,0 +1,232 @@
+"""A small Llama-style decoder in NumPy whose attention runs through any cell cache.
+
+RMSNorm, rotary position embedding at the step's positions, grouped-query attention
+through `cache.write` / `cache.attend` (reference or device: anything with the API of
+SPEC §8), a SwiGLU MLP and per-layer windows (global and sliding layers mixed). Weights
+come from a seed or an `.npz`; the tokenizer is bytes. float32 throughout; no numba.
+
+    model = Model.from_seed(ModelConfig(), seed=0)
+    cache.declare_step([a] * 5)
+    step = cache.prepare_step()
+    logits = model.forward(cache, step, encode("hello"), rows=[4])   # [1, 256] float32
+"""
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from numbakv.config import CacheConfig, int_at_least
+from numbakv.errors import ConfigError, StepError
+
+VOCAB_SIZE = 256  # the byte-level tokenizer's vocabulary
+
+
+def encode(text: str) -> list[int]:
+    """The UTF-8 bytes of `text`, one token each."""
+    return list(text.encode("utf-8"))
+
+
+def decode(tokens) -> str:
+    """The text of byte tokens; invalid UTF-8 becomes U+FFFD."""
+    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's shape.
+
+    d_model    : width of the residual stream
+    n_heads    : query heads per layer, a multiple of n_kv_heads
+    n_kv_heads : key/value heads per layer (grouped-query attention)
+    head_dim   : elements per head, even (rotary pairs)
+    d_ff       : hidden width of the SwiGLU MLP
+    windows    : per layer, 0 = global, W > 0 = sliding window of W positions
+    rope_theta : rotary base; norm_eps: RMSNorm epsilon
+    """
+
+    d_model: int = 32
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 8
+    d_ff: int = 64
+    windows: tuple[int, ...] = (0, 8)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+            object.__setattr__(self, name, int_at_least(name, getattr(self, name), 1))
+        windows = tuple(int_at_least("window", w, 0) for w in self.windows)
+        if not windows:
+            raise ConfigError("windows needs one entry per layer, got none")
+        object.__setattr__(self, "windows", windows)
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even for rotary pairs")
+        if not (self.rope_theta > 1 and self.norm_eps > 0):
+            raise ConfigError(
+                f"rope_theta={self.rope_theta} must be > 1, norm_eps={self.norm_eps} > 0"
+            )
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.windows)
+
+    def cache_config(self, **fields) -> CacheConfig:
+        """A `CacheConfig` with this model's layers, KV heads, head_dim and windows; `fields`
+        gives the rest (capacity, max_width, max_seqs, ...)."""
+        return CacheConfig(
+            n_layers=self.n_layers,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            windows=self.windows,
+            **fields,
+        )
+
+
+class Model:
+    """The decoder's weights and its forward through a cell cache.
+
+    weights : name -> float32 array; "embed" [vocab, d_model], "final_norm" [d_model],
+              "lm_head" [d_model, vocab], and per layer i "layers.i.attn_norm" [d_model],
+              "layers.i.wq" [d_model, n_heads*head_dim], "layers.i.wk" and
+              "layers.i.wv" [d_model, n_kv_heads*head_dim], "layers.i.wo"
+              [n_heads*head_dim, d_model], "layers.i.mlp_norm" [d_model],
+              "layers.i.w_gate" and "layers.i.w_up" [d_model, d_ff], "layers.i.w_down"
+              [d_ff, d_model]
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]):
+        expected = weight_shapes(config)
+        if set(weights) != set(expected):
+            missing, extra = set(expected) - set(weights), set(weights) - set(expected)
+            raise ConfigError(f"weights missing {sorted(missing)}, unexpected {sorted(extra)}")
+        for name, shape in expected.items():
+            if np.shape(weights[name]) != shape:
+                raise ConfigError(f"weight {name} has shape {np.shape(weights[name])}, not {shape}")
+        self.config = config
+        self.weights = {name: np.asarray(w, dtype=np.float32) for name, w in weights.items()}
+        half = config.head_dim // 2
+        self._inv_freq = config.rope_theta ** (-np.arange(half, dtype=np.float64) / half)
+
+    @classmethod
+    def from_seed(cls, config: ModelConfig, seed: int = 0) -> "Model":
+        """Random weights: normal / sqrt(fan_in), norms 1, the LM head scaled up x4 so that
+        greedy choices are far from ties."""
+        rng = np.random.default_rng(seed)
+        weights = {}
+        for name, shape in weight_shapes(config).items():
+            if name.endswith("norm"):
+                weights[name] = np.ones(shape, dtype=np.float32)
+            else:
+                gain = 4.0 if name == "lm_head" else 1.0
+                w = rng.standard_normal(shape) * (
+                    gain / np.sqrt(shape[0] if name != "embed" else 1)
+                )
+                weights[name] = w.astype(np.float32)
+        return cls(config, weights)
+
+    @classmethod
+    def load(cls, path) -> "Model":
+        """A model saved by `save`."""
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+        fields = {
+            k[len("config.") :]: arrays.pop(k) for k in list(arrays) if k.startswith("config.")
+        }
+        fields = {k: tuple(v.tolist()) if v.ndim else v.item() for k, v in fields.items()}
+        return cls(ModelConfig(**fields), arrays)
+
+    def save(self, path) -> None:
+        """Writes the config and the weights to one `.npz`."""
+        config = {f"config.{k}": np.asarray(v) for k, v in asdict(self.config).items()}
+        np.savez(path, **config, **self.weights)
+
+    def forward(self, cache, step, tokens, rows) -> np.ndarray:
+        """[len(rows), vocab] float32: the logits of the step's rows `rows`.
+
+        cache  : a cell cache with `step` prepared (reference or device); every layer's K/V
+                 of the step is written into it
+        step   : the prepared `Step`; its positions drive the rotary embedding
+        tokens : [step.width] int, the step's tokens (any valid token on padded rows)
+        rows   : int indices into [0, step.width) whose logits are wanted
+        """
+        cfg, w = self.config, self.weights
+        tokens = np.asarray(tokens)
+        if tokens.shape != (step.width,) or not np.all((tokens >= 0) & (tokens < VOCAB_SIZE)):
+            raise StepError(
+                f"tokens must be [{step.width}] ints in [0, {VOCAB_SIZE}), got {tokens}"
+            )
+        cos, sin = self._rotary(np.maximum(step.positions, 0))
+        x = w["embed"][tokens]  # [width, d_model]
+        for layer in range(cfg.n_layers):
+            p = f"layers.{layer}."
+            h = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
+            q = rotate(self._heads(h @ w[p + "wq"], cfg.n_heads), cos, sin)
+            k = rotate(self._heads(h @ w[p + "wk"], cfg.n_kv_heads), cos, sin)
+            v = self._heads(h @ w[p + "wv"], cfg.n_kv_heads)
+            cache.write(layer, k, v)
+            attended = _host(cache.attend(layer, q))  # [width, n_heads, head_dim]
+            x = x + attended.reshape(step.width, -1) @ w[p + "wo"]
+            h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
+            x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
+        x = rms_norm(x[np.asarray(rows, dtype=np.int64)], w["final_norm"], cfg.norm_eps)
+        return x @ w["lm_head"]
+
+    def _heads(self, x: np.ndarray, n_heads: int) -> np.ndarray:
+        """[width, n_heads * head_dim] -> [width, n_heads, head_dim]."""
+        return x.reshape(len(x), n_heads, self.config.head_dim)
+
+    def _rotary(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin, [width, 1, head_dim / 2] float32, of each position's angles."""
+        angles = positions.astype(np.float64)[:, None] * self._inv_freq
+        return np.cos(angles)[:, None].astype(np.float32), np.sin(angles)[:, None].astype(
+            np.float32
+        )
+
+
+def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight's name and shape (see `Model`)."""
+    d, hd = config.d_model, config.head_dim
+    shapes = {"embed": (VOCAB_SIZE, d), "final_norm": (d,), "lm_head": (d, VOCAB_SIZE)}
+    for i in range(config.n_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attn_norm": (d,),
+            p + "wq": (d, config.n_heads * hd),
+            p + "wk": (d, config.n_kv_heads * hd),
+            p + "wv": (d, config.n_kv_heads * hd),
+            p + "wo": (config.n_heads * hd, d),
+            p + "mlp_norm": (d,),
+            p + "w_gate": (d, config.d_ff),
+            p + "w_up": (d, config.d_ff),
+            p + "w_down": (config.d_ff, d),
+        }
+    return shapes
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, float32."""
+    scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))
+    return (x * scale * weight).astype(np.float32)
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary embedding, Llama's half-split pairing: element i pairs with i + head_dim/2.
+
+    x : [width, n_heads, head_dim] float32; cos, sin : [width, 1, head_dim / 2] float32
+    """
+    first, second = np.split(x, 2, axis=-1)
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1) + np.exp(-x))
+
+
+def _host(x) -> np.ndarray:
+    """A NumPy array of x; device arrays are copied over."""
+    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)

@@ -1,0 +1,63 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p.
+
+Each session draws from its own generator, seeded from its `Sampling`, one number per
+sampled token: a session's tokens depend on its logits and its seed, never on what else
+was in the batch.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from numbakv.config import int_at_least
+from numbakv.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a session picks tokens.
+
+    temperature : 0 = greedy (argmax, draws nothing); > 0 divides the logits
+    top_k       : keep the k most likely tokens; 0 = all
+    top_p       : then keep the fewest most likely tokens whose probability reaches top_p
+    seed        : seeds the session's generator
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not float(self.temperature) >= 0:
+            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 < float(self.top_p) <= 1:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1]")
+        object.__setattr__(self, "top_k", int_at_least("top_k", self.top_k, 0))
+        object.__setattr__(self, "seed", int_at_least("seed", self.seed, 0))
+
+    def generator(self) -> np.random.Generator:
+        """A fresh generator for a session with this sampling."""
+        return np.random.default_rng(self.seed)
+
+
+GREEDY = Sampling()
+
+
+def sample_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
+    """The next token: argmax when greedy, else one draw from the tempered, top-k and top-p
+    filtered softmax of `logits` ([vocab] float32). Ties keep the lower token id first."""
+    if sampling.temperature == 0:
+        return int(np.argmax(logits))
+    scaled = np.asarray(logits, dtype=np.float64) / sampling.temperature
+    order = np.argsort(-scaled, kind="stable")  # most likely first
+    if sampling.top_k:
+        order = order[: sampling.top_k]
+    probs = np.exp(scaled[order] - scaled[order[0]])
+    probs /= probs.sum()
+    if sampling.top_p < 1:
+        n_kept = int(np.searchsorted(np.cumsum(probs), sampling.top_p)) + 1
+        probs = probs[:n_kept] / probs[:n_kept].sum()
+        order = order[:n_kept]
+    pick = np.searchsorted(np.cumsum(probs), rng.random(), side="right")
+    return int(order[min(pick, len(order) - 1)])
