@@ -2,9 +2,12 @@
 through the reference; streaming, n > 1 samples, stop tokens, cancel, admission, metrics."""
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import numbakv
 from numbakv.engine import Engine
@@ -244,3 +247,58 @@ def test_lockstep_refusals_must_agree():
     both = Lockstep(executor(), executor())
     with pytest.raises(CapacityError):
         both.execute([numbakv.executor.Input(both.open_session(), 0, [1] * 49)])
+
+
+@st.composite
+def workloads(draw):
+    """Requests (arrival tick, prompt, max_new_tokens, n, sampling, cancel tick or None) and
+    the limits of an executor and a scheduler to serve them."""
+    max_width = draw(st.integers(1, 8))
+    budget = draw(st.integers(1, 10))
+    limits = (max_width, budget, draw(st.integers(1, budget)), draw(st.integers(1, budget)))
+    requests = []
+    for _ in range(draw(st.integers(1, 5))):
+        sampling = draw(st.sampled_from([Sampling(), Sampling(0.8, 20, 0.9, seed=3)]))
+        requests.append(
+            (
+                draw(st.integers(0, 6)),
+                draw(st.lists(st.integers(0, 255), min_size=1, max_size=12)),
+                draw(st.integers(1, 4)),
+                draw(st.integers(1, 2)),
+                sampling,
+                draw(st.none() | st.integers(0, 12)),
+            )
+        )
+    return limits, requests
+
+
+@settings(max_examples=40)
+@given(workloads())
+def test_any_workload_gives_each_request_its_solo_tokens(workload):
+    (max_width, budget, n_decodes, chunk), requests = workload
+    ex = executor(max_sessions=4, max_session_tokens=16, max_width=max_width, capacity=64)
+    engine = Engine(ex, DecodeFirstScheduler(budget, n_decodes, chunk))
+    ids = {}
+    for tick in itertools.count():
+        for i, (at, prompt, max_new, n, sampling, cancel_at) in enumerate(requests):
+            if at == tick:
+                ids[i] = engine.submit(prompt, max_new, sampling, n=n)
+            if cancel_at == tick and i in ids:
+                engine.cancel(ids[i])
+        if len(ids) == len(requests) and not engine.is_busy:
+            break
+        engine.step()
+        lengths = {s: ex.length(s) for s in ex.sessions}
+        assert ex.cache.used_cells <= sum(lengths.values())  # shared prompts count once
+    assert ex.sessions == [] and ex.cache.used_cells == 0 and engine.scheduler.pending() == 0
+    for i, (_, prompt, max_new, n, sampling, _) in enumerate(requests):
+        done = engine.result(ids[i])
+        assert len(done.tokens) == n
+        for k, (tokens, reason) in enumerate(zip(done.tokens, done.finish_reasons, strict=True)):
+            expect, _ = solo_generate(
+                MODEL, prompt, max_new, replace(sampling, seed=sampling.seed + k)
+            )
+            if reason == "cancelled":
+                assert tokens == expect[: len(tokens)]
+            else:
+                assert (tokens, reason) == (expect, "length")
