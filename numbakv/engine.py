@@ -11,7 +11,9 @@ tokens it sampled:
   same last-row logits;
 - each sampled token becomes the sample's next decode task, until it samples a stop token
   (kept as the last token) or reaches `max_new_tokens`; a finished or cancelled sample's
-  session closes at once, freeing its cells for the next step.
+  session closes at once, freeing its cells for the next step;
+- when the executor fails (the pool could not grow), the requests of that batch end with
+  finish reason "error" and the error propagates; the other requests go on.
 
 Tokens stream through each request's `on_token` callback, through the events `step()`
 returns, and through the `stream()` iterator.
@@ -32,7 +34,7 @@ from numbakv.model import VOCAB_SIZE, encode
 from numbakv.sampling import GREEDY, Sampling
 from numbakv.scheduler import DecodeFirstScheduler, Task, Work
 
-FinishReason = Literal["length", "stop", "cancelled"]
+FinishReason = Literal["length", "stop", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
@@ -178,16 +180,7 @@ class Engine:
         r = self._request(request)
         if r.is_finished:
             return False
-        if r in self._waiting:
-            self._waiting.remove(r)
-        for sample in r.samples:
-            if sample.finish_reason is None and sample.session is not None:
-                self.scheduler.cancel(sample.session)
-                self._close(r, sample, "cancelled")
-        if r.samples:  # admitted: release the sessions its clones would have taken
-            self._reserved -= r.n - len(r.samples)
-        r.samples += [_Sample(i, finish_reason="cancelled") for i in range(len(r.samples), r.n)]
-        r.finished_at = self.clock()
+        self._stop(r, "cancelled")
         return True
 
     def result(self, request: int) -> Completion:
@@ -217,10 +210,16 @@ class Engine:
         if not batch:
             return []
         inputs = [self._input(work) for work in batch]
-        outputs = self.executor.execute(inputs)
+        requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
+        try:
+            outputs = self.executor.execute(inputs)
+        except Exception:
+            for r in requests.values():  # their work left the queues: they cannot go on
+                self._stop(r, "error")
+            raise
         self.n_steps += 1
-        for request in {self._running[w.session][0].id for w in batch}:
-            self._requests[request].n_steps += 1
+        for r in requests.values():
+            r.n_steps += 1
         events: list[TokenEvent] = []
         for work, out in zip(batch, outputs, strict=True):
             if out.token is not None:
@@ -299,6 +298,19 @@ class Engine:
         if r.on_token is not None:
             r.on_token(event)
         return event
+
+    def _stop(self, r: _Request, reason: FinishReason) -> None:
+        """Ends every unfinished sample of `r` with `reason`, closing its sessions."""
+        if r in self._waiting:
+            self._waiting.remove(r)
+        for sample in r.samples:
+            if sample.finish_reason is None:
+                self.scheduler.cancel(sample.session)
+                self._close(r, sample, reason)
+        if r.samples:  # admitted: release the sessions its clones would have taken
+            self._reserved -= r.n - len(r.samples)
+        r.samples += [_Sample(i, finish_reason=reason) for i in range(len(r.samples), r.n)]
+        r.finished_at = self.clock()
 
     def _close(self, r: _Request, sample: _Sample, reason: FinishReason) -> None:
         """Ends a sample: its session closes now; the request finishes with its last sample."""

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import numbakv
 from numbakv.engine import Engine
-from numbakv.errors import CapacityError, ConfigError
+from numbakv.errors import AllocationError, CapacityError, ConfigError
 from numbakv.executor import Executor
 from numbakv.lockstep import Lockstep, LockstepError
 from numbakv.model import encode
@@ -302,3 +302,30 @@ def test_any_workload_gives_each_request_its_solo_tokens(workload):
                 assert tokens == expect[: len(tokens)]
             else:
                 assert (tokens, reason) == (expect, "length")
+
+
+def test_a_failed_batch_ends_its_requests_with_error_and_the_rest_go_on():
+    class Refusing:
+        is_refusing = False
+
+        def __call__(self, shape, dtype):
+            if self.is_refusing:
+                raise MemoryError("no more")
+            return np.zeros(shape, dtype)
+
+    allocator = Refusing()
+    ex = executor(lambda config: CellCache(config, allocator), max_sessions=2)
+    engine = Engine(ex, DecodeFirstScheduler(16, 2, 14))
+    a = engine.submit("ab", max_new_tokens=3)
+    engine.step()  # 8 rows allocated
+    b = engine.submit("ten tokens", max_new_tokens=3)
+    c = engine.submit("waits", max_new_tokens=2)  # no session for it yet
+    allocator.is_refusing = True
+    with pytest.raises(AllocationError):
+        engine.step()  # a's decode and b's prompt need 12 cells
+    assert engine.result(a).finish_reasons == engine.result(b).finish_reasons == ["error"]
+    assert ex.sessions == [] and ex.cache.used_cells == 0 and engine.scheduler.pending() == 0
+    allocator.is_refusing = False
+    while engine.is_busy:
+        engine.step()
+    assert engine.result(c).tokens == [solo_generate(MODEL, encode("waits"), 2)[0]]
