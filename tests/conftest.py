@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from numbakv.reference import CacheConfig, CellCache
+from numbakv.reference.pool import numpy_allocator
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile(
@@ -136,3 +137,20 @@ def demo_run(tmp_path_factory):
     args = [str(script), "demo", "--trace", str(folder / "demo.npz"), "--columns", "32"]
     done = subprocess.run(args, cwd=folder, capture_output=True, text=True)
     return done, folder / "demo.npz"
+
+
+class FlakyAllocator:
+    """Refuses once `fail_after` more allocations have succeeded; counts calls."""
+
+    def __init__(self, error=MemoryError):
+        self.fail_after = None
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, shape, dtype):
+        self.calls += 1
+        if self.fail_after is not None:
+            if self.fail_after == 0:
+                raise self.error("no memory")
+            self.fail_after -= 1
+        return numpy_allocator(shape, dtype)

@@ -19,7 +19,7 @@ from numbakv.reference import CellCache
 from numbakv.sampling import Sampling
 from numbakv.scheduler import DecodeFirstScheduler, Task
 
-from conftest import solo_generate, tiny_model
+from conftest import FlakyAllocator, solo_generate, tiny_model
 
 MODEL = tiny_model(seed=1)  # layers: global, window 4
 PROMPTS = ["Hi", "a cell cache", "x", "several sequences share a pool", "GQA!", "seven"]
@@ -305,27 +305,19 @@ def test_any_workload_gives_each_request_its_solo_tokens(workload):
 
 
 def test_a_failed_batch_ends_its_requests_with_error_and_the_rest_go_on():
-    class Refusing:
-        is_refusing = False
-
-        def __call__(self, shape, dtype):
-            if self.is_refusing:
-                raise MemoryError("no more")
-            return np.zeros(shape, dtype)
-
-    allocator = Refusing()
+    allocator = FlakyAllocator()
     ex = executor(lambda config: CellCache(config, allocator), max_sessions=2)
     engine = Engine(ex, DecodeFirstScheduler(16, 2, 14))
     a = engine.submit("ab", max_new_tokens=3)
     engine.step()  # 8 rows allocated
     b = engine.submit("ten tokens", max_new_tokens=3)
     c = engine.submit("waits", max_new_tokens=2)  # no session for it yet
-    allocator.is_refusing = True
+    allocator.fail_after = 0
     with pytest.raises(AllocationError):
         engine.step()  # a's decode and b's prompt need 12 cells
     assert engine.result(a).finish_reasons == engine.result(b).finish_reasons == ["error"]
     assert ex.sessions == [] and ex.cache.used_cells == 0 and engine.scheduler.pending() == 0
-    allocator.is_refusing = False
+    allocator.fail_after = None
     while engine.is_busy:
         engine.step()
     assert engine.result(c).tokens == [solo_generate(MODEL, encode("waits"), 2)[0]]

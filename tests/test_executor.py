@@ -10,7 +10,7 @@ from numbakv.plan import plan_slices
 from numbakv.reference import CellCache
 from numbakv.sampling import Sampling
 
-from conftest import full_state, solo_generate, tiny_model
+from conftest import FlakyAllocator, full_state, solo_generate, tiny_model
 
 MODEL = tiny_model()
 
@@ -161,23 +161,15 @@ def test_refuses_what_is_not_an_input():
 
 
 def test_a_failed_growth_rewinds_the_batch():
-    class Refusing:
-        is_refusing = False
-
-        def __call__(self, shape, dtype):
-            if self.is_refusing:
-                raise MemoryError("no more")
-            return np.zeros(shape, dtype)
-
-    allocator = Refusing()
+    allocator = FlakyAllocator()
     ex = make(allocator=allocator, max_width=4, initial_cells=4)
     a, b = ex.open_session(), ex.open_session()
     ex.execute([Input(a, 0, [1, 2, 3])])
-    allocator.is_refusing = True
+    allocator.fail_after = 0
     with pytest.raises(AllocationError):  # the second forward must grow past 4 rows
         ex.execute([Input(a, 1, [5]), Input(b, 0, [1, 2, 3, 4, 5])])
     assert (ex.length(a), ex.length(b)) == (1, 0)  # back to where the inputs start
-    allocator.is_refusing = False
+    allocator.fail_after = None
     out = ex.execute([Input(a, 1, [2, 3])])[0]
     np.testing.assert_allclose(out.logits, solo_generate(MODEL, [1, 2, 3], 1)[1][0], 1e-5, 1e-4)
 

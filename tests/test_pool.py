@@ -5,26 +5,8 @@ import pytest
 
 from numbakv.errors import AllocationError
 from numbakv.reference import CellCache
-from numbakv.reference.pool import numpy_allocator
 
-from conftest import full_state, small_config, step_with
-
-
-class FlakyAllocator:
-    """Refuses once `fail_after` more allocations have succeeded; counts calls."""
-
-    def __init__(self, error=MemoryError):
-        self.fail_after = None
-        self.error = error
-        self.calls = 0
-
-    def __call__(self, shape, dtype):
-        self.calls += 1
-        if self.fail_after is not None:
-            if self.fail_after == 0:
-                raise self.error("no memory")
-            self.fail_after -= 1
-        return numpy_allocator(shape, dtype)
+from conftest import FlakyAllocator, full_state, small_config, step_with
 
 
 def decode(cache: CellCache, seq: int, n: int, rows_seen: list[int]) -> None:
