@@ -33,6 +33,8 @@ MAX_SESSIONS, MAX_SESSION_TOKENS = 7, 64  # 7 x 64 cells fit the capacity
 
 @dataclass(frozen=True)
 class Arrival:
+    """A request of the workload, submitted before engine step `step`."""
+
     step: int
     name: str
     prompt: str
@@ -45,9 +47,9 @@ class Arrival:
 WORKLOAD = (
     Arrival(0, "greet", "Hello, cells!", 12),
     Arrival(0, "short", "KV cache", 10),
+    Arrival(1, "cancel", "Stop me early", 20, cancel_at=12),
     Arrival(2, "long", "A long prompt is chunked while the others decode", 8),
     Arrival(3, "n=3", "Three samples", 8, n=3, sampling=Sampling(0.8, top_p=0.95, seed=1)),
-    Arrival(1, "cancel", "Stop me early", 20, cancel_at=12),
     Arrival(5, "late", "Waits for a session", 6),
 )
 
