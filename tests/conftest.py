@@ -1,13 +1,18 @@
 """Shared test helpers and hypothesis profiles (`HYPOTHESIS_PROFILE=ci` under CI)."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from numbakv.reference import CacheConfig, CellCache
+from numbakv.model import Model, ModelConfig, rms_norm, rotate, silu
+from numbakv.reference import CacheConfig, CellCache, solo_attention
 from numbakv.reference.pool import numpy_allocator
+from numbakv.sampling import GREEDY, sample_token
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile(
@@ -97,8 +102,6 @@ def cache() -> CellCache:
 
 def tiny_model(seed: int = 0, windows=(0, 4), **fields):
     """A 2-layer model (global and window 4, GQA 2) small enough for the simulator."""
-    from numbakv.model import Model, ModelConfig
-
     config = dict(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=32, windows=windows)
     config.update(fields)
     return Model.from_seed(ModelConfig(**config), seed)
@@ -107,8 +110,6 @@ def tiny_model(seed: int = 0, windows=(0, 4), **fields):
 def solo_generate(model, prompt, max_new_tokens, sampling=None, stop_tokens=()):
     """One prompt generated alone through a reference cache holding only its sequence: the
     prompt in one step, then one token per step. Returns (tokens, [per token logits])."""
-    from numbakv.sampling import GREEDY, sample_token
-
     sampling = sampling or GREEDY
     size = len(prompt) + max_new_tokens
     cache = CellCache(model.config.cache_config(capacity=size, max_width=size, max_seqs=1))
@@ -128,10 +129,6 @@ def solo_generate(model, prompt, max_new_tokens, sampling=None, stop_tokens=()):
 def demo_run(tmp_path_factory):
     """`numbakv demo --trace FILE --columns 32` run once through the installed console
     script: (the finished process, the trace's path)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     folder = tmp_path_factory.mktemp("demo")
     script = Path(sys.executable).with_name("numbakv")  # installed beside the interpreter
     args = [str(script), "demo", "--trace", str(folder / "demo.npz"), "--columns", "32"]
@@ -154,3 +151,22 @@ class FlakyAllocator:
                 raise self.error("no memory")
             self.fail_after -= 1
         return numpy_allocator(shape, dtype)
+
+
+def dense_logits(model: Model, tokens: list[int]) -> np.ndarray:
+    """[len(tokens), vocab]: the model over the whole sequence at once, attention by the
+    solo oracle over its own keys; no cache, no cells, no masks."""
+    cfg, w = model.config, model.weights
+    positions = np.arange(len(tokens))
+    cos, sin = model._rotary(positions)
+    x = w["embed"][tokens]
+    for layer, window in enumerate(cfg.windows):
+        p = f"layers.{layer}."
+        h = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
+        q = rotate((h @ w[p + "wq"]).reshape(len(x), cfg.n_heads, -1), cos, sin)
+        k = rotate((h @ w[p + "wk"]).reshape(len(x), cfg.n_kv_heads, -1), cos, sin)
+        v = (h @ w[p + "wv"]).reshape(len(x), cfg.n_kv_heads, -1)
+        x = x + solo_attention(q, k, v, positions, window).reshape(len(x), -1) @ w[p + "wo"]
+        h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
+        x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
+    return rms_norm(x, w["final_norm"], cfg.norm_eps) @ w["lm_head"]

@@ -2,6 +2,9 @@
 
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from numbakv.errors import AllocationError, CapacityError, ConfigError, SequenceError, StepError
 from numbakv.executor import Executor, Input
@@ -10,7 +13,7 @@ from numbakv.plan import plan_slices
 from numbakv.reference import CellCache
 from numbakv.sampling import Sampling
 
-from conftest import FlakyAllocator, full_state, solo_generate, tiny_model
+from conftest import FlakyAllocator, dense_logits, full_state, solo_generate, tiny_model
 
 MODEL = tiny_model()
 
@@ -200,3 +203,98 @@ def test_refuses_a_cache_in_use():
     cache.seq_new()
     with pytest.raises(ConfigError, match="holds sequences"):
         Executor(MODEL, cache, 2, 32)
+
+
+class SessionMachine(RuleBasedStateMachine):
+    """Random sessions, clones, closes and batches (appends, rewinds, several inputs of one
+    session) through an executor on the reference cache. Each session's tokens are modelled
+    here, each token with an identity that clones share: every output's logits must equal
+    the dense model over the session's tokens (no cache), `used_cells` the number of
+    distinct identities, and a refused batch must change nothing."""
+
+    model = tiny_model(seed=5, windows=(0, 3))
+
+    def __init__(self):
+        super().__init__()
+        self.ex = make(max_sessions=4, max_session_tokens=12, model=self.model, capacity=48)
+        self.held: dict[int, list[tuple[int, int]]] = {}  # session -> [(token, identity)]
+        self.n_identities = 0
+
+    @precondition(lambda self: len(self.held) < 4)
+    @rule()
+    def open(self):
+        session = self.ex.open_session()
+        assert session == min(set(range(4)) - set(self.held))
+        self.held[session] = []
+
+    @precondition(lambda self: self.held and len(self.held) < 4)
+    @rule(data=st.data())
+    def clone(self, data):
+        src = data.draw(st.sampled_from(sorted(self.held)))
+        upto = data.draw(st.integers(0, len(self.held[src])))
+        self.held[self.ex.clone(src, upto)] = self.held[src][:upto]
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def close(self, data):
+        session = data.draw(st.sampled_from(sorted(self.held)))
+        self.ex.close_session(session)
+        del self.held[session]
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def execute(self, data):
+        batch, ends = [], {}
+        for session in data.draw(
+            st.lists(st.sampled_from(sorted(self.held)), min_size=1, max_size=4)
+        ):
+            start = ends.get(session)
+            if start is None:
+                start = data.draw(st.integers(0, len(self.held[session])))
+            tokens = data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=4))
+            batch.append(Input(session, start, tokens, sample=data.draw(st.booleans())))
+            ends[session] = start + len(tokens)
+        if max(ends.values()) > 12:
+            before = state(self.ex)
+            with pytest.raises(CapacityError):
+                self.ex.execute(batch)
+            assert state(self.ex) == before
+            return
+        outputs = self.ex.execute(batch)
+        for x, out in zip(batch, outputs, strict=True):
+            kept = self.held[x.session][: x.position]
+            self.held[x.session] = kept + [(t, self._identity()) for t in x.tokens]
+            expect = dense_logits(self.model, [t for t, _ in self.held[x.session]])[-1]
+            np.testing.assert_allclose(out.logits, expect, rtol=1e-4, atol=1e-4)
+            assert (out.token is None) != x.sample
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), kind=st.sampled_from(["gap", "overlap"]))
+    def refused(self, data, kind):
+        session = data.draw(st.sampled_from(sorted(self.held)))
+        length = len(self.held[session])
+        if kind == "gap":
+            batch = [Input(session, length + data.draw(st.integers(1, 3)), [1])]
+        else:
+            start = data.draw(st.integers(0, length))
+            batch = [Input(session, start, [1, 2]), Input(session, start + 1, [3])]
+        before = state(self.ex)
+        with pytest.raises(SequenceError, match=kind):
+            self.ex.execute(batch)
+        assert state(self.ex) == before
+
+    @invariant()
+    def lengths_and_cells(self):
+        assert self.ex.sessions == sorted(self.held)
+        for session, held in self.held.items():
+            assert self.ex.length(session) == len(held)
+        identities = {i for held in self.held.values() for _, i in held}
+        assert self.ex.cache.used_cells == len(identities)
+
+    def _identity(self) -> int:
+        self.n_identities += 1
+        return self.n_identities
+
+
+TestSessionMachine = SessionMachine.TestCase
+TestSessionMachine.settings = settings(max_examples=40, stateful_step_count=25)

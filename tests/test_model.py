@@ -4,29 +4,10 @@ import numpy as np
 import pytest
 
 from numbakv.errors import ConfigError, StepError
-from numbakv.model import Model, ModelConfig, decode, encode, rms_norm, rotate, silu
-from numbakv.reference import CellCache, solo_attention
+from numbakv.model import Model, ModelConfig, decode, encode, rotate
+from numbakv.reference import CellCache
 
-from conftest import step_with, tiny_model
-
-
-def dense_logits(model: Model, tokens: list[int]) -> np.ndarray:
-    """[len(tokens), vocab]: the model over the whole sequence at once, attention by the
-    solo oracle over its own keys; no cache, no cells, no masks."""
-    cfg, w = model.config, model.weights
-    positions = np.arange(len(tokens))
-    cos, sin = model._rotary(positions)
-    x = w["embed"][tokens]
-    for layer, window in enumerate(cfg.windows):
-        p = f"layers.{layer}."
-        h = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
-        q = rotate((h @ w[p + "wq"]).reshape(len(x), cfg.n_heads, -1), cos, sin)
-        k = rotate((h @ w[p + "wk"]).reshape(len(x), cfg.n_kv_heads, -1), cos, sin)
-        v = (h @ w[p + "wv"]).reshape(len(x), cfg.n_kv_heads, -1)
-        x = x + solo_attention(q, k, v, positions, window).reshape(len(x), -1) @ w[p + "wo"]
-        h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
-        x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
-    return rms_norm(x, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
+from conftest import dense_logits, step_with, tiny_model
 
 
 def new_cache(model, **fields):
