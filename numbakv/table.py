@@ -38,7 +38,6 @@ import numbakv.device  # noqa: F401  (chooses sim or GPU; numba reads that once,
 # isort: on
 import numba
 import numpy as np
-from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from numbakv.checks import check_live, check_position
 from numbakv.config import CacheConfig
@@ -47,6 +46,7 @@ from numbakv.snapshot import Snapshot
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_HALVINGS = tuple(np.uint64(1 << k) for k in range(5, -1, -1))  # 32, 16, ..., 1
 _MIN_SEGMENT = 16  # int32 cells a sequence's segment holds at least once it holds any
 
 # slots of the int64 `meta` array that the njit functions update in place
@@ -326,6 +326,23 @@ def _tree_clear(bits, offs, i):
 
 
 @numba.njit(cache=True)
+def _highest_bit(word):
+    """Index of the highest set bit of a non-zero uint64 word: six halvings."""
+    i = np.int64(0)
+    for shift in _HALVINGS:
+        if word >> shift:
+            word >>= shift
+            i += np.int64(shift)
+    return i
+
+
+@numba.njit(cache=True)
+def _lowest_bit(word):
+    """Index of the lowest set bit of a non-zero uint64 word: the highest of word & -word."""
+    return _highest_bit(word & (~word + _ONE))
+
+
+@numba.njit(cache=True)
 def _tree_next(bits, offs, i):
     """The lowest set bit >= i, or -1: up while the rest of a word is empty, then down."""
     n_levels = len(offs) - 1
@@ -336,7 +353,7 @@ def _tree_next(bits, offs, i):
             return -1
         word = bits[offs[level] + w] & (_ALL << np.uint64(i & 63))
         if word != 0:
-            i = (w << 6) + np.int64(trailing_zeros(word))
+            i = (w << 6) + _lowest_bit(word)
             break
         level += 1
         if level == n_levels:
@@ -344,7 +361,7 @@ def _tree_next(bits, offs, i):
         i = w + 1
     while level > 0:
         level -= 1
-        i = (i << 6) + np.int64(trailing_zeros(bits[offs[level] + i]))
+        i = (i << 6) + _lowest_bit(bits[offs[level] + i])
     return i
 
 
@@ -359,7 +376,7 @@ def _tree_prev(bits, offs, i):
         w = i >> 6
         word = bits[offs[level] + w] & (_ALL >> np.uint64(63 - (i & 63)))
         if word != 0:
-            i = (w << 6) + 63 - np.int64(leading_zeros(word))
+            i = (w << 6) + _highest_bit(word)
             break
         level += 1
         if level == n_levels:
@@ -367,7 +384,7 @@ def _tree_prev(bits, offs, i):
         i = w - 1
     while level > 0:
         level -= 1
-        i = (i << 6) + 63 - np.int64(leading_zeros(bits[offs[level] + i]))
+        i = (i << 6) + _highest_bit(bits[offs[level] + i])
     return i
 
 
@@ -397,7 +414,7 @@ def _find_cells(free_bits, free_offs, n):
         w = c >> 6
         word = free_bits[w] & (_ALL << np.uint64(c & 63))  # level 0 starts at offs[0] = 0
         while word != 0 and k < n:
-            cells[k] = (w << 6) + np.int64(trailing_zeros(word))
+            cells[k] = (w << 6) + _lowest_bit(word)
             word &= word - _ONE
             k += 1
         if k == n:

@@ -15,14 +15,23 @@ from functools import partial
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from numbakv.config import CacheConfig
 from numbakv.errors import CacheError, CapacityError, SequenceError
 from numbakv.reference.table import CellTable
-from numbakv.table import HostTable, _tree, _tree_clear, _tree_next, _tree_prev, _tree_set
+from numbakv.table import (
+    HostTable,
+    _highest_bit,
+    _lowest_bit,
+    _tree,
+    _tree_clear,
+    _tree_next,
+    _tree_prev,
+    _tree_set,
+)
 
 MAX_SEQS = (1, 3, 64, 65, 130)
 
@@ -470,3 +479,9 @@ def test_bit_tree_next_and_prev(n):
         assert _tree_next(bits, offs, i) == (after[0] if len(after) else -1)
         assert _tree_prev(bits, offs, i) == (below[-1] if len(below) else -1)
     assert _tree_next(bits, offs, n) == -1
+
+
+@given(st.integers(1, 2**64 - 1))
+def test_bit_scans_of_a_word(word):
+    assert _highest_bit(np.uint64(word)) == word.bit_length() - 1
+    assert _lowest_bit(np.uint64(word)) == (word & -word).bit_length() - 1
