@@ -239,9 +239,11 @@ class Engine:
         sampling: Sampling = GREEDY,
         stop_tokens: Sequence[int] = (),
         n: int = 1,
+        on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[Completion]:
-        """Submits every prompt, steps until all are done, returns their completions in order."""
-        ids = [self.submit(p, max_new_tokens, sampling, stop_tokens, n) for p in prompts]
+        """Submits every prompt, steps until all are done, returns their completions in order;
+        `on_token` hears every token of these requests as it is sampled."""
+        ids = [self.submit(p, max_new_tokens, sampling, stop_tokens, n, on_token) for p in prompts]
         while not all(self._requests[i].is_finished for i in ids):
             self.step()
         return [self.result(i) for i in ids]

@@ -95,10 +95,12 @@ def test_n_samples_share_the_prompt_and_equal_solo_runs_with_their_seeds():
 def test_generate_on_the_reference_matches_solo_and_streams_in_order():
     engine = Engine(executor())
     prompts = [encode(p) for p in PROMPTS[:4]]
-    done = engine.generate(prompts, max_new_tokens=4)
+    heard = []
+    done = engine.generate(prompts, max_new_tokens=4, on_token=heard.append)
     for completion, prompt in zip(done, prompts, strict=True):
         assert completion.prompt == prompt
         assert completion.tokens == [solo_generate(MODEL, prompt, 4)[0]]
+        assert [e.token for e in heard if e.request == completion.request] == completion.tokens[0]
     ids = [engine.submit(p, max_new_tokens=3) for p in prompts[:2]]
     streamed = list(engine.stream())
     for request in ids:
