@@ -9,6 +9,13 @@ from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, SequenceError, StepError
 
 
+def as_host(x) -> np.ndarray:
+    """A NumPy view of x; device arrays (with `copy_to_host`) are copied over."""
+    if hasattr(x, "copy_to_host"):
+        x = x.copy_to_host()
+    return np.asarray(x)
+
+
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
     """[n] int32 live ids, 1 <= n <= max_width, n <= free cells, no sequence past
     max_seq_len positions; `table` is either table."""

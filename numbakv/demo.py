@@ -66,11 +66,6 @@ class Report:
     seconds: float
     trace: Trace
 
-    @property
-    def busiest(self) -> int:
-        """The forward after whose placement the most cells were in use (`--step` of viz)."""
-        return int(np.argmax(self.trace.metrics()["used"][self.trace.step_frames]))
-
 
 def run(
     seed: int = 0,
@@ -118,8 +113,9 @@ def run(
 
 
 def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None]) -> None:
-    engine, trace, busiest = report.engine, report.trace, report.busiest
+    engine, trace = report.engine, report.trace
     metrics = trace.metrics()
+    busiest = int(np.argmax(metrics["used"][trace.step_frames]))  # `numbakv viz --step` of it
     snapshot = trace.snapshot(trace.step_frames[busiest])
     print_fn(
         f"\nthe pool at forward {busiest}, the busiest ({int(np.count_nonzero(snapshot.n_owners))} "

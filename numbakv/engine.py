@@ -31,7 +31,7 @@ from numbakv.config import int_at_least
 from numbakv.errors import CapacityError, ConfigError
 from numbakv.executor import Executor, Input, Output
 from numbakv.model import VOCAB_SIZE, encode
-from numbakv.sampling import GREEDY, Sampling
+from numbakv.sampling import GREEDY, Sampling, check_sampling
 from numbakv.scheduler import DecodeFirstScheduler, Task, Work
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
@@ -155,8 +155,7 @@ class Engine:
             raise ConfigError(f"a prompt is 1 or more tokens in [0, {VOCAB_SIZE}), got {tokens}")
         max_new_tokens = int_at_least("max_new_tokens", max_new_tokens, 1)
         n = int_at_least("n", n, 1)
-        if not isinstance(sampling, Sampling):
-            raise ConfigError(f"expected a Sampling, got {sampling!r}")
+        check_sampling(sampling)
         if n > self.executor.max_sessions:
             raise CapacityError(
                 f"n={n} samples need more than max_sessions={self.executor.max_sessions}"

@@ -26,7 +26,7 @@ from numbakv.config import int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
 from numbakv.model import VOCAB_SIZE, Model
 from numbakv.plan import plan_slices
-from numbakv.sampling import GREEDY, Sampling, sample_token
+from numbakv.sampling import GREEDY, Sampling, check_sampling, sample_token
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Executor:
 
     def open_session(self, sampling: Sampling = GREEDY) -> int:
         """A new empty session (the lowest free sequence id) sampling with `sampling`."""
-        _check_sampling(sampling)
+        check_sampling(sampling)
         self._check_room()
         return self._opened(self.cache.seq_new(), sampling)
 
@@ -126,7 +126,7 @@ class Executor:
         generator of that seed."""
         self._check_open(session)
         self._check_room()
-        sampling = self._sampling[session] if sampling is None else _check_sampling(sampling)
+        sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
         return self._opened(self.cache.seq_clone(session, upto), sampling)
 
     def close_session(self, session: int) -> None:
@@ -236,9 +236,3 @@ class Executor:
             raise CapacityError(
                 f"all max_sessions={self.max_sessions} sessions are open; close one first"
             )
-
-
-def _check_sampling(sampling) -> Sampling:
-    if not isinstance(sampling, Sampling):
-        raise ConfigError(f"expected a Sampling, got {sampling!r}")
-    return sampling

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from numbakv.checks import as_host
 from numbakv.config import CacheConfig, int_at_least
 from numbakv.errors import ConfigError, StepError
 
@@ -169,7 +170,7 @@ class Model:
             k = rotate(self._heads(h @ w[p + "wk"], cfg.n_kv_heads), cos, sin)
             v = self._heads(h @ w[p + "wv"], cfg.n_kv_heads)
             cache.write(layer, k, v)
-            attended = _host(cache.attend(layer, q))  # [width, n_heads, head_dim]
+            attended = as_host(cache.attend(layer, q))  # [width, n_heads, head_dim]
             x = x + attended.reshape(step.width, -1) @ w[p + "wo"]
             h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
             x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
@@ -225,8 +226,3 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1) + np.exp(-x))
-
-
-def _host(x) -> np.ndarray:
-    """A NumPy array of x; device arrays are copied over."""
-    return x.copy_to_host() if hasattr(x, "copy_to_host") else np.asarray(x)

@@ -44,6 +44,13 @@ class Sampling:
 GREEDY = Sampling()
 
 
+def check_sampling(sampling) -> Sampling:
+    """`sampling`, or ConfigError when it is not a `Sampling`."""
+    if not isinstance(sampling, Sampling):
+        raise ConfigError(f"expected a Sampling, got {sampling!r}")
+    return sampling
+
+
 def sample_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
     """The next token: argmax when greedy, else one draw from the tempered, top-k and top-p
     filtered softmax of `logits` ([vocab] float32). Ties keep the lower token id first."""

@@ -3,7 +3,7 @@
 import numpy as np
 
 from numbakv.base import CacheBase
-from numbakv.checks import check_layer, check_shape
+from numbakv.checks import as_host, check_layer, check_shape
 from numbakv.config import CacheConfig
 
 from .attention import attend_cells, default_scale
@@ -97,7 +97,7 @@ class CellCache(CacheBase):
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        k, v = _host(k), _host(v)
+        k, v = as_host(k), as_host(v)
         check_shape("k", k.shape, shape)
         check_shape("v", v.shape, shape)
         cells = step.cells
@@ -121,7 +121,7 @@ class CellCache(CacheBase):
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells of the layer's window mask, in float32;
         rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
-        q = _host(q)
+        q = as_host(q)
         step, layer = self._attend_step(layer, q.shape, mode)
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         mask = step.mask(self.config.windows[layer])
@@ -134,10 +134,3 @@ class CellCache(CacheBase):
         """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""
         layer = check_layer(layer, self.config.n_layers)
         return self._pool.k[layer].copy(), self._pool.v[layer].copy()
-
-
-def _host(x) -> np.ndarray:
-    """A NumPy view of x; device arrays (with `copy_to_host`) are copied over."""
-    if hasattr(x, "copy_to_host"):
-        x = x.copy_to_host()
-    return np.asarray(x)
