@@ -19,10 +19,10 @@ import platform
 
 import numpy as np
 
+from numbakv.cache._cuda import IS_SIMULATOR, MODE, cuda, device_info
+from numbakv.cache.table import HostTable
 from numbakv.config import CacheConfig
-from numbakv.device import IS_SIMULATOR, MODE, cuda, device_info
 from numbakv.reference.step import window_mask
-from numbakv.table import HostTable
 
 N_KV_HEADS, N_HEADS, HEAD_DIM = 8, 32, 128
 CHUNK = 64
@@ -40,10 +40,7 @@ def build(n_seqs: int, tokens: int, window: int, seed: int):
     table = HostTable(cfg)
 
     def step(seq_ids):
-        seq_ids = np.asarray(seq_ids, np.int32)
-        positions = table.positions_of(seq_ids)
-        table.claim(table.find_cells(len(seq_ids)), positions, seq_ids)
-        return positions
+        return table.place(np.asarray(seq_ids, np.int32))[1]
 
     def fill(seqs, target):
         while any(table.length(s) < target for s in seqs):
@@ -103,8 +100,8 @@ def time_kernel(run, repeat: int) -> float:
 
 def gpu_times(table, cfg, seq_ids, positions, window, repeat):
     """{mode: seconds} of the two kernels (and torch SDPA when available)."""
-    from numbakv.kernels.attention import launch_attend_gathered, launch_attend_masked
-    from numbakv.kernels.masks import launch_write_mask
+    from numbakv.cache.kernels.attention import launch_attend_gathered, launch_attend_masked
+    from numbakv.cache.kernels.masks import launch_write_mask
 
     rng = np.random.default_rng(0)
     rows, width = table.read_len, len(seq_ids)

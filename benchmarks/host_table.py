@@ -3,13 +3,13 @@
     python benchmarks/host_table.py            # full run (about a minute on 2 cores)
     python benchmarks/host_table.py --quick    # a few seconds
 
-For each capacity (16 Ki and 1 Mi cells) both tables, `numbakv.table.HostTable` and the
+For each capacity (16 Ki and 1 Mi cells) both tables, `numbakv.cache.table.HostTable` and the
 reference `CellTable`, are built alike: one 4 Ki-token sequence (prefills of 256 tokens),
 then 256 sequences of `--history` tokens each, interleaved as decoding leaves them (one
 token per sequence per step). Then, median host time over `--repeat` repeats of:
 
-    decode (table)  positions_of + find_cells + claim of a 256-token step, one token per
-                    sequence: the placement that prepare_step does on the host
+    decode (table)  the placement of a 256-token step, one token per sequence: what
+                    prepare_step does on the host (`place`; the reference's find + claim)
     decode (+check) the same plus what declare_step checks: check_live of each of the 256
                     ids and free_cells
     clone 4Ki       seq_clone of the 4 Ki-token sequence
@@ -33,9 +33,9 @@ from importlib.metadata import version
 
 import numpy as np
 
+from numbakv.cache.table import HostTable
 from numbakv.config import CacheConfig
 from numbakv.reference.table import CellTable
-from numbakv.table import HostTable
 
 KI = 1024
 MI = 1024 * KI
@@ -71,7 +71,11 @@ def config(capacity: int) -> CacheConfig:
 
 
 def place(table, seq_ids: np.ndarray) -> None:
-    """positions_of + find_cells + claim: the host half of prepare_step."""
+    """The host half of prepare_step: the host table's `place`, or the reference's
+    positions_of + find_cells + claim."""
+    if isinstance(table, HostTable):
+        table.place(seq_ids)
+        return
     positions = table.positions_of(seq_ids)
     cells = table.find_cells(len(seq_ids))
     table.claim(cells, positions, seq_ids)

@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from numbakv.engine import Engine
-from numbakv.executor import Executor
-from numbakv.model import Model, ModelConfig
-from numbakv.scheduler import DecodeFirstScheduler
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor
+from numbakv.serve.model import Model, ModelConfig
+from numbakv.serve.scheduler import DecodeFirstScheduler
 
 MODEL = ModelConfig(
     d_model=256, n_heads=8, n_kv_heads=2, head_dim=32, d_ff=768, windows=(0, 64) * 2

@@ -1,20 +1,27 @@
 """numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
 
-Importing this package imports no numba: names are resolved on first use, so
-`numbakv.reference`, `numbakv.errors`, `numbakv.trace`, `numbakv.viz` and the serving stack
-(`Model`, `Executor`, `Engine`, `DecodeFirstScheduler`, `Lockstep`) stay numba-free.
-The first use of `CellCache`, `Step` or `device_info` picks the device (see
-`numbakv.device`) and imports numba.
+    numbakv.reference  the oracle: the NumPy reference cell cache (no numba)
+    numbakv.cache      the device cell cache: host table, pool, buffers, kernels
+    numbakv.serve      model, sampling, scheduler, executor, engine, lockstep (no numba)
+    numbakv.viz        occupancy pictures (no numba)
+    numbakv.trace      recording a cache's table over a workload (no numba)
+
+Importing this package imports no numba: names are resolved on first use, so everything
+but the device cache stays numba-free. The first use of `CellCache`, `Step` or
+`device_info` picks the device (`numbakv.cache.device`) and imports numba.cuda.
 """
 
 from importlib import import_module
+from pathlib import Path
 
-__version__ = "0.1.0"
+from numbakv import _moved
+
+__version__ = "0.2.0"
 
 _EXPORTS = {
-    "CellCache": "numbakv.cache",
-    "Step": "numbakv.step",
-    "device_info": "numbakv.device",
+    "CellCache": "numbakv.cache.cellcache",
+    "Step": "numbakv.cache.step",
+    "device_info": "numbakv.cache._cuda",
     "CacheConfig": "numbakv.config",
     "Snapshot": "numbakv.snapshot",
     "CacheError": "numbakv.errors",
@@ -25,23 +32,34 @@ _EXPORTS = {
     "StepError": "numbakv.errors",
     "BindingError": "numbakv.errors",
     "TraceError": "numbakv.errors",
-    "Model": "numbakv.model",
-    "ModelConfig": "numbakv.model",
-    "Sampling": "numbakv.sampling",
-    "plan_slices": "numbakv.plan",
-    "DecodeFirstScheduler": "numbakv.scheduler",
-    "Task": "numbakv.scheduler",
-    "Executor": "numbakv.executor",
-    "Input": "numbakv.executor",
-    "Output": "numbakv.executor",
-    "Engine": "numbakv.engine",
-    "Completion": "numbakv.engine",
-    "TokenEvent": "numbakv.engine",
-    "Lockstep": "numbakv.lockstep",
-    "LockstepError": "numbakv.lockstep",
+    "Model": "numbakv.serve.model",
+    "ModelConfig": "numbakv.serve.model",
+    "ByteTokenizer": "numbakv.serve.tokenizer",
+    "Sampling": "numbakv.serve.sampling",
+    "plan_slices": "numbakv.serve.plan",
+    "DecodeFirstScheduler": "numbakv.serve.scheduler",
+    "Task": "numbakv.serve.scheduler",
+    "Executor": "numbakv.serve.executor",
+    "Input": "numbakv.serve.executor",
+    "Output": "numbakv.serve.executor",
+    "SessionExecutor": "numbakv.serve.protocol",
+    "Engine": "numbakv.serve.engine",
+    "Completion": "numbakv.serve.engine",
+    "TokenEvent": "numbakv.serve.engine",
+    "Lockstep": "numbakv.serve.lockstep",
+    "LockstepError": "numbakv.serve.lockstep",
 }
 
 __all__ = sorted(_EXPORTS)
+
+# In a checkout, `numbakv/` sits beside `reference/` and `viz/`, which install as
+# numbakv.reference and numbakv.viz; run from the checkout's root, Python finds this folder
+# before any installed numbakv, so the two are looked for beside it too.
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "reference").is_dir() and (_HERE.parent / "reference" / "__init__.py").is_file():
+    __path__.append(str(_HERE.parent))
+
+_moved.install()
 
 
 def __getattr__(name: str):

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _demo(args) -> int:
     from numbakv import demo
-    from numbakv.lockstep import LockstepError
+    from numbakv.serve.lockstep import LockstepError
 
     try:
         demo.run(seed=args.seed, columns=args.columns, trace_path=args.trace)

@@ -65,16 +65,6 @@ class CacheConfig:
         """The windows of the model, each once, ascending: one mask per entry."""
         return tuple(sorted(set(self.windows)))
 
-    def grown_rows(self, rows: int, required: int) -> int:
-        """The pool's rows after growing from `rows` to hold `required` cells (SPEC §4):
-        unchanged when enough; first allocation max(initial_cells, required); later
-        min(capacity, max(required, 2 * rows))."""
-        if required <= rows:
-            return rows
-        if rows == 0:
-            return max(self.initial_cells, required)
-        return min(self.capacity, max(required, 2 * rows))
-
     @property
     def row_bytes(self) -> int:
         """Bytes of K plus V that one cell takes in one layer."""

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv import CellCache, device_info
-from numbakv.engine import Engine
-from numbakv.executor import Executor
-from numbakv.lockstep import Lockstep
-from numbakv.model import Model, ModelConfig
+from numbakv.cache import CellCache, device_info
 from numbakv.reference import CellCache as ReferenceCache
-from numbakv.sampling import GREEDY, Sampling
-from numbakv.scheduler import DecodeFirstScheduler
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor
+from numbakv.serve.lockstep import Lockstep
+from numbakv.serve.model import Model, ModelConfig
+from numbakv.serve.sampling import GREEDY, Sampling
+from numbakv.serve.scheduler import DecodeFirstScheduler
 from numbakv.trace import Recorder, Trace
 from numbakv.viz import render_text
 

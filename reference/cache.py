@@ -2,9 +2,19 @@
 
 import numpy as np
 
-from numbakv.base import CacheBase
-from numbakv.checks import as_host, check_layer, check_shape
+from numbakv.checks import (
+    as_host,
+    check_declaration,
+    check_layer,
+    check_mode,
+    check_query,
+    check_shape,
+    check_width,
+)
 from numbakv.config import CacheConfig
+from numbakv.errors import StepError
+from numbakv.observe import Observable
+from numbakv.snapshot import Snapshot
 
 from .attention import attend_cells, default_scale
 from .pool import Allocator, KVPool, numpy_allocator
@@ -12,7 +22,7 @@ from .step import Step, window_mask
 from .table import CellTable
 
 
-class CellCache(CacheBase):
+class CellCache(Observable):
     """Several sequences sharing one pool of per-token cells; host arrays everywhere.
 
     >>> cache = CellCache(CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4,
@@ -33,7 +43,13 @@ class CellCache(CacheBase):
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
-        super().__init__(config, CellTable(config), KVPool(config, allocator))
+        super().__init__()
+        self.config = config
+        self._table = CellTable(config)
+        self._pool = KVPool(config, allocator)
+        self._declared: np.ndarray | None = None  # the pending declaration
+        self._step: Step | None = None  # the last prepared step, until it goes stale
+        self._written: set[int] = set()  # layers written in that step
 
     # -- table verbs (SPEC §2) -------------------------------------------------
 
@@ -45,25 +61,32 @@ class CellCache(CacheBase):
 
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
-        return self._after("seq_clone", self._table.seq_clone(src, upto))
+        seq = self._table.seq_clone(src, upto)
+        self._changed("seq_clone")
+        return seq
 
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         self._table.seq_rm(seq)
-        self._after("seq_rm")
+        self._changed("seq_rm")
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         self._table.rewind(seq, position)
-        self._after("rewind")
+        self._changed("rewind")
 
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         self._declared = None
-        self._after("clear")
+        self._changed("clear")
 
     # -- the step (SPEC §3) ----------------------------------------------------
+
+    def declare_step(self, seq_ids) -> None:
+        """Records the next step's tokens: one live sequence id per token, in order."""
+        self._declared = check_declaration(self._table, self.config, seq_ids)
+        self._changed("declare_step")
 
     def prepare_step(self, width: int | None = None) -> Step:
         """Grows the pool, places the declared tokens and writes the step's masks.
@@ -77,15 +100,36 @@ class CellCache(CacheBase):
             a@0  1 0 0
             a@1  1 1 0
             b@0  0 0 1
+
+        SPEC §3 in order: check the declaration (again: a verb may have run since) and the
+        width; grow the pool as far as placement can reach; find the cells, then claim
+        them. A refused call changes nothing and keeps the declaration.
         """
-        cells, positions, seq_ids = self._place(width)
+        if self._declared is None:
+            raise StepError(
+                "prepare_step() with nothing declared; call declare_step(seq_ids) first"
+            )
+        seq_ids = check_declaration(self._table, self.config, self._declared)
+        n = len(seq_ids)
+        width = check_width(width, n, self.config.max_width)
         table = self._table
-        read_len = table.read_len
+        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
+        positions = table.positions_of(seq_ids)
+        cells = table.find_cells(n)
+        table.claim(cells, positions, seq_ids)
+        padding = np.full(width - n, -1, dtype=np.int32)
+        cells, positions, seq_ids = (
+            np.concatenate([x, padding]) for x in (cells, positions, seq_ids)
+        )
+        pos, owners = table.pos[: table.read_len], table.owners[: table.read_len]
         masks = {
-            w: window_mask(table.pos[:read_len], table.owners[:read_len], seq_ids, positions, w)
-            for w in self.config.distinct_windows
+            w: window_mask(pos, owners, seq_ids, positions, w) for w in self.config.distinct_windows
         }
-        return self._prepared(Step(cells, positions, seq_ids, read_len, masks))
+        self._declared = None
+        self._expire_step()
+        self._step = Step(cells, positions, seq_ids, table.read_len, masks)
+        self._notify("prepare_step", self._step)
+        return self._step
 
     # -- K/V (SPEC §5) ---------------------------------------------------------
 
@@ -122,7 +166,14 @@ class CellCache(CacheBase):
         rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
         """
         q = as_host(q)
-        step, layer = self._attend_step(layer, q.shape, mode)
+        step = self._current_step()
+        layer = check_layer(layer, self.config.n_layers)
+        check_mode(mode)
+        if layer not in self._written:
+            raise StepError(
+                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
+            )
+        check_query(q.shape, step.width, self.config)
         scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
         mask = step.mask(self.config.windows[layer])
         q = q.astype(np.float32)
@@ -130,7 +181,79 @@ class CellCache(CacheBase):
 
     # -- state -----------------------------------------------------------------
 
+    def pos(self, seq: int) -> int:
+        """Positions `seq` holds: the position its next token gets."""
+        return self._table.length(self._table.check_live(seq))
+
+    @property
+    def read_len(self) -> int:
+        """Every occupied cell lies in [0, read_len)."""
+        return self._table.read_len
+
+    @property
+    def used_cells(self) -> int:
+        return self._table.used_cells
+
+    @property
+    def free_cells(self) -> int:
+        return self._table.free_cells
+
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    @property
+    def live_seqs(self) -> list[int]:
+        """The live sequence ids, ascending."""
+        return np.flatnonzero(self._table.live).tolist()
+
+    @property
+    def rows(self) -> int:
+        """Cells the pool has allocated (0 before the first step)."""
+        return self._pool.rows
+
+    @property
+    def growth_count(self) -> int:
+        """Times the pool grew after its first allocation."""
+        return self._pool.growth_count
+
+    @property
+    def generation(self) -> int:
+        """Changes exactly when storage moves: the first allocation and every growth."""
+        return self._pool.generation
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K and V storage over all layers."""
+        return self._pool.allocated_bytes
+
+    def snapshot(self) -> Snapshot:
+        """A host copy of the cell table, cells [0, read_len)."""
+        return self._table.snapshot(self._pool.rows)
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless the table keeps the invariants of SPEC §2."""
+        self._table.check_invariants()
+
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""
         layer = check_layer(layer, self.config.n_layers)
         return self._pool.k[layer].copy(), self._pool.v[layer].copy()
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _current_step(self) -> Step:
+        if self._step is None:
+            raise StepError("no prepared step; call declare_step() and prepare_step() first")
+        return self._step
+
+    def _changed(self, event: str) -> None:
+        """After a verb that changed the cache: the step expires, the observers hear of it."""
+        self._expire_step()
+        self._notify(event)
+
+    def _expire_step(self) -> None:
+        if self._step is not None:
+            self._step.expire()
+        self._step = None
+        self._written = set()

@@ -15,14 +15,20 @@ def numpy_allocator(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
+def grown_rows(config: CacheConfig, rows: int, required: int) -> int:
+    """The rows after growing from `rows` (< required) to hold `required` cells: the first
+    allocation max(initial_cells, required), later min(capacity, max(required, 2 * rows))."""
+    if rows == 0:
+        return max(config.initial_cells, required)
+    return min(config.capacity, max(required, 2 * rows))
+
+
 class KVPool:
     """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are [rows, n_kv_heads, head_dim].
 
     rows starts at 0 and grows by `grow_to`; `allocator(shape, dtype)` makes every array
-    and may raise one of `allocation_errors` to refuse (tests inject one that does).
+    and may raise MemoryError or AllocationError to refuse (tests inject one that does).
     """
-
-    allocation_errors: tuple[type[BaseException], ...] = (MemoryError, AllocationError)
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
         self.config = config
@@ -45,31 +51,26 @@ class KVPool:
         Transactional: every new array is allocated before any is copied, so an
         AllocationError leaves the pool as it was.
         """
-        rows = self.config.grown_rows(self.rows, required)
-        if rows == self.rows:
+        if required <= self.rows:
             return
+        rows = grown_rows(self.config, self.rows, required)
         shape = (rows, self.config.n_kv_heads, self.config.head_dim)
         try:
             fresh = [
                 self.allocator(shape, np.dtype(self.config.dtype))
                 for _ in range(2 * self.config.n_layers)
             ]
-        except self.allocation_errors as error:
+        except (MemoryError, AllocationError) as error:
             n_bytes = rows * self.config.n_layers * self.config.row_bytes
             raise AllocationError(
                 f"could not allocate {rows} rows of K/V ({n_bytes} bytes) to grow from "
                 f"{self.rows}; free sequences or lower capacity, then retry the step"
             ) from error
         for new, old in zip(fresh, self.k + self.v, strict=True):
-            self._copy_rows(new, old, read_len)
+            new[:read_len] = old[:read_len]
         n = self.config.n_layers
         self.k, self.v = fresh[:n], fresh[n:]
         if self.rows:
             self.growth_count += 1
         self.rows = rows
         self.generation += 1
-
-    @staticmethod
-    def _copy_rows(new, old, n: int) -> None:
-        """Copies rows [0, n) of `old` into `new`."""
-        new[:n] = old[:n]

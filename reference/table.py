@@ -123,6 +123,31 @@ class CellTable:
             self.owners[cell, word] |= bit
         self.read_len = max(self.read_len, int(cells.max()) + 1)
 
+    # -- invariants ------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError naming the first invariant of SPEC §2 that does not hold.
+
+        Each live sequence holds exactly the positions 0 .. pos-1, once each; a cell has a
+        position exactly when it has an owner, and every owner is live; every occupied cell
+        lies below read_len, and the cell just below it is occupied; used + free = capacity.
+        """
+        occupied = self.pos >= 0
+        owned = self.owners.any(axis=1)
+        _require(np.array_equal(occupied, owned), "a cell's position and owners disagree")
+        _require(not occupied[self.read_len :].any(), "an occupied cell at or past read_len")
+        _require(self.read_len == 0 or occupied[self.read_len - 1], "read_len is not trimmed")
+        _require(self.used_cells + self.free_cells == self.config.capacity, "used + free")
+        for seq in range(self.config.max_seqs):
+            held = self.pos[: self.read_len][self.holds(seq)]
+            if not self.live[seq]:
+                _require(len(held) == 0, f"sequence {seq} owns cells but is not live")
+            expect = np.arange(len(held))
+            _require(
+                np.array_equal(np.sort(held), expect),
+                f"sequence {seq} does not hold positions 0..{len(held) - 1} once each",
+            )
+
     # -- helpers ---------------------------------------------------------------
 
     def _free_id(self) -> int:
@@ -141,6 +166,11 @@ class CellTable:
         self.pos[: self.read_len][unowned] = -1
         occupied = np.flatnonzero(self.pos[: self.read_len] >= 0)
         self.read_len = int(occupied[-1]) + 1 if len(occupied) else 0
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(f"cell table invariant broken: {what}")
 
 
 def _bit(seq: int) -> tuple[int, np.uint64]:

@@ -1,18 +1,17 @@
-"""Shared test helpers and hypothesis profiles (`HYPOTHESIS_PROFILE=ci` under CI)."""
+"""Hypothesis profiles (`HYPOTHESIS_PROFILE=ci` under CI) and the fixtures the tests share.
+Helpers live in `helpers.py`."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from numbakv.model import Model, ModelConfig, rms_norm, rotate, silu
-from numbakv.reference import CacheConfig, CellCache, solo_attention
-from numbakv.reference.pool import numpy_allocator
-from numbakv.sampling import GREEDY, sample_token
+from numbakv.reference import CellCache
+
+from helpers import small_config
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile(
@@ -21,108 +20,9 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
-def small_config(**overrides) -> CacheConfig:
-    """A small cache: 2 layers (global and window 2), 1 KV head of 4, 16 cells, 4 seqs."""
-    fields = dict(
-        n_layers=2,
-        n_kv_heads=1,
-        head_dim=4,
-        windows=(0, 2),
-        capacity=16,
-        max_width=8,
-        max_seqs=4,
-        initial_cells=4,
-    )
-    fields.update(overrides)
-    return CacheConfig(**fields)
-
-
-def full_state(cache: CellCache) -> tuple:
-    """Everything a refused call must leave unchanged: table, pool and its storage."""
-    kv = [np.concatenate(cache.pool_kv(layer)).tobytes() for layer in range(cache.config.n_layers)]
-    return (
-        cache.snapshot(),
-        cache.rows,
-        cache.generation,
-        cache.growth_count,
-        cache.allocated_bytes,
-        kv,
-    )
-
-
-def step_with(cache: CellCache, seq_ids, width=None):
-    """Declares and prepares one step."""
-    cache.declare_step(seq_ids)
-    return cache.prepare_step(width)
-
-
-def churn(cache: CellCache, ops: list[int]) -> None:
-    """A workload driven by a list of small integers: steps, clones, rewinds, removals."""
-    for op in ops:
-        live = cache.live_seqs
-        kind, arg = op % 6, op // 6
-        if kind == 0 or not live:
-            if len(live) < cache.config.max_seqs:
-                cache.seq_new()
-        elif kind in (1, 2) and cache.free_cells:
-            n = min(1 + arg % cache.config.max_width, cache.free_cells)
-            step_with(cache, [live[(arg + i) % len(live)] for i in range(n)], width=None)
-        elif kind == 3 and len(live) < cache.config.max_seqs:
-            src = live[arg % len(live)]
-            cache.seq_clone(src, upto=arg % (cache.pos(src) + 1))
-        elif kind == 4:
-            seq = live[arg % len(live)]
-            cache.rewind(seq, arg % (cache.pos(seq) + 1))
-        elif kind == 5:
-            cache.seq_rm(live[arg % len(live)])
-
-
-class Snapshots:
-    """An observer that keeps the table after every step (or every verb): the expectation."""
-
-    def __init__(self, cache, every_verb=False):
-        self.every_verb = every_verb
-        self.frames = [cache.snapshot()]
-        self.events = ["start"]
-        self.steps = {}
-        cache.add_observer(self)
-
-    def __call__(self, cache, event, step):
-        if step is not None or self.every_verb:
-            self.frames.append(cache.snapshot())
-            self.events.append(event)
-        if step is not None:
-            self.steps[len(self.frames) - 1] = step.width
-
-
 @pytest.fixture
 def cache() -> CellCache:
     return CellCache(small_config())
-
-
-def tiny_model(seed: int = 0, windows=(0, 4), **fields):
-    """A 2-layer model (global and window 4, GQA 2) small enough for the simulator."""
-    config = dict(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=32, windows=windows)
-    config.update(fields)
-    return Model.from_seed(ModelConfig(**config), seed)
-
-
-def solo_generate(model, prompt, max_new_tokens, sampling=None, stop_tokens=()):
-    """One prompt generated alone through a reference cache holding only its sequence: the
-    prompt in one step, then one token per step. Returns (tokens, [per token logits])."""
-    sampling = sampling or GREEDY
-    size = len(prompt) + max_new_tokens
-    cache = CellCache(model.config.cache_config(capacity=size, max_width=size, max_seqs=1))
-    seq, rng = cache.seq_new(), sampling.generator()
-    tokens, logits, feed = [], [], list(prompt)
-    while True:
-        step = step_with(cache, [seq] * len(feed))
-        row = model.forward(cache, step, feed, [len(feed) - 1])[0]
-        tokens.append(sample_token(row, sampling, rng))
-        logits.append(row)
-        if tokens[-1] in stop_tokens or len(tokens) == max_new_tokens:
-            return tokens, logits
-        feed = tokens[-1:]
 
 
 @pytest.fixture(scope="session")
@@ -134,39 +34,3 @@ def demo_run(tmp_path_factory):
     args = [str(script), "demo", "--trace", str(folder / "demo.npz"), "--columns", "32"]
     done = subprocess.run(args, cwd=folder, capture_output=True, text=True)
     return done, folder / "demo.npz"
-
-
-class FlakyAllocator:
-    """Refuses once `fail_after` more allocations have succeeded; counts calls."""
-
-    def __init__(self, error=MemoryError):
-        self.fail_after = None
-        self.error = error
-        self.calls = 0
-
-    def __call__(self, shape, dtype):
-        self.calls += 1
-        if self.fail_after is not None:
-            if self.fail_after == 0:
-                raise self.error("no memory")
-            self.fail_after -= 1
-        return numpy_allocator(shape, dtype)
-
-
-def dense_logits(model: Model, tokens: list[int]) -> np.ndarray:
-    """[len(tokens), vocab]: the model over the whole sequence at once, attention by the
-    solo oracle over its own keys; no cache, no cells, no masks."""
-    cfg, w = model.config, model.weights
-    positions = np.arange(len(tokens))
-    cos, sin = model._rotary(positions)
-    x = w["embed"][tokens]
-    for layer, window in enumerate(cfg.windows):
-        p = f"layers.{layer}."
-        h = rms_norm(x, w[p + "attn_norm"], cfg.norm_eps)
-        q = rotate((h @ w[p + "wq"]).reshape(len(x), cfg.n_heads, -1), cos, sin)
-        k = rotate((h @ w[p + "wk"]).reshape(len(x), cfg.n_kv_heads, -1), cos, sin)
-        v = (h @ w[p + "wv"]).reshape(len(x), cfg.n_kv_heads, -1)
-        x = x + solo_attention(q, k, v, positions, window).reshape(len(x), -1) @ w[p + "wo"]
-        h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
-        x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
-    return rms_norm(x, w["final_norm"], cfg.norm_eps) @ w["lm_head"]

@@ -1,0 +1,35 @@
+"""numbakv.cache: the device cell cache — the njit host table, the pool, the fixed buffers and
+the numba.cuda kernels — behind `CellCache`.
+
+Importing this package imports nothing: `CellCache`, `Step`, `StepBuffers`, `DevicePool`
+and `device_info` are resolved on first use (which picks the device and imports
+numba.cuda), and `numbakv.cache.table` is the host table alone, with numba's njit but no
+numba.cuda. It never imports `numbakv.reference` or `numbakv.serve`.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "CellCache": "numbakv.cache.cellcache",
+    "default_scale": "numbakv.cache.cellcache",
+    "Step": "numbakv.cache.step",
+    "StepBuffers": "numbakv.cache.buffers",
+    "DevicePool": "numbakv.cache.pool",
+    "device_allocator": "numbakv.cache.pool",
+    "HostTable": "numbakv.cache.table",
+    "device_info": "numbakv.cache._cuda",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'numbakv.cache' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,81 @@
+"""The one module that imports `numba.cuda`: every other module takes `cuda` from here.
+
+The device is chosen first (`numbakv.cache.device`, which sets numba's simulator flag
+from NUMBAKV_DEVICE before numba is imported), so a move to another CUDA binding for
+Python is a change to this file. Here too: the simulator's fixes, `device_info`, and the
+driver's out-of-memory error the pool turns into `AllocationError`.
+"""
+
+import sys
+
+import numpy as np
+
+from numbakv.cache.device import IS_SIMULATOR, MODE
+
+from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
+
+if IS_SIMULATOR:
+    DRIVER_ERRORS: tuple[type[BaseException], ...] = ()
+else:  # out of device memory comes as the driver's API error
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    DRIVER_ERRORS = (CudaAPIError,)
+
+
+def _lock_simulated_shared_arrays() -> None:
+    """Makes the simulator's `cuda.shared.array` thread-safe.
+
+    It keys each shared array by its caller's file and line and creates it with an
+    unlocked check-then-insert, so two threads of a block can get different arrays
+    (seen as wrong results in about 1 of 10 fresh runs of a shared-memory kernel).
+    """
+    import threading
+    import traceback
+
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    dynamic_or_checked = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return dynamic_or_checked(self, shape, dtype, alignment)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]
+        with lock:
+            if caller not in self._allocations:
+                self._allocations[caller] = np.empty(shape, _numpy_dtype(dtype))
+            return self._allocations[caller]
+
+    FakeCUDAShared.array = array
+
+
+def _numpy_dtype(dtype):
+    from numba.np.numpy_support import as_dtype
+
+    return np.dtype(dtype) if isinstance(dtype, (np.dtype, type, str)) else as_dtype(dtype)
+
+
+if IS_SIMULATOR:
+    # the simulator busy-polls its threads holding the GIL; switching often is ~5x faster
+    sys.setswitchinterval(5e-4)
+    _lock_simulated_shared_arrays()
+
+
+def device_info() -> dict:
+    """Which device is in use: {"mode": ..., "name": ..., "compute_capability": (major, minor)}."""
+    if MODE == "gpu":
+        device = cuda.get_current_device()
+        return {
+            "mode": MODE,
+            "name": device.name.decode() if isinstance(device.name, bytes) else device.name,
+            "compute_capability": device.compute_capability,
+        }
+    name = "numba CUDA simulator" if IS_SIMULATOR else "compile only (no GPU)"
+    return {"mode": MODE, "name": name, "compute_capability": None}
+
+
+def device_address(array) -> int:
+    """Where `array`'s data lives: its device pointer, or in the simulator its host buffer."""
+    if IS_SIMULATOR:
+        return array.copy_to_host.__self__._ary.__array_interface__["data"][0]
+    return array.__cuda_array_interface__["data"][0]

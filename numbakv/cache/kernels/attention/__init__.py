@@ -1,0 +1,64 @@
+"""Attention over the cell pool (SPEC §5): masked and gathered, each in decode and prefill shape.
+
+For each token t < width and query head h (KV head h // (n_heads // n_kv_heads)):
+
+    out[t, h] = softmax_c(q[t, h] · K[c] * scale) · V[c]      over the cells t sees
+
+*masked* sees the cells c < read_len with mask[t, c] == 1; *gathered* sees the cells
+seq_cells[s, lo : p + 1] of its own sequence s at position p (lo = max(0, p - W + 1) for a
+window W > 0, else 0). Everything is float32 (K/V stored as float16 are widened on load);
+the softmax is online, in one pass (a running max m and sum l per query row, the
+accumulator rescaled by exp(m_old - m_new) whenever m grows). A row that sees nothing
+gives exactly 0. Cells a row does not see may hold NaN or inf: their K/V are never read
+into a sum (loads and products are selected, never multiplied by a zero weight), the mask
+is read only at rows < width and columns < read_len, and seq_cells only inside a token's
+own range.
+
+The modules, by role:
+
+    tiles    the tile engine every kernel shares (load, score, online softmax, write)
+    views    which cells a token sees: the masked and the gathered view, the only difference
+             between the two modes
+    decode   one token x one head chunk x one split per block; partials merged by `merge`
+    prefill  a tile of tokens x heads per block, each K/V tile loaded once for all of them
+    merge    the decode splits combined
+    launch   the shape rule, the splits, the checks and the two launchers
+"""
+
+from numbakv.cache.kernels.attention.launch import (
+    DECODE_MAX_WIDTH,
+    MAX_SPLITS,
+    MIN_SPLIT_CELLS,
+    SPLIT_TARGET_BLOCKS_PER_SM,
+    choose_splits,
+    is_decode_shape,
+    launch_attend_gathered,
+    launch_attend_masked,
+    split_workspace,
+)
+from numbakv.cache.kernels.attention.tiles import (
+    DECODE_ROWS,
+    DECODE_TILE,
+    HEAD_DIM_MAX,
+    PREFILL_ROWS,
+    PREFILL_TILE,
+    STORAGE,
+)
+
+__all__ = [
+    "DECODE_MAX_WIDTH",
+    "DECODE_ROWS",
+    "DECODE_TILE",
+    "HEAD_DIM_MAX",
+    "MAX_SPLITS",
+    "MIN_SPLIT_CELLS",
+    "PREFILL_ROWS",
+    "PREFILL_TILE",
+    "SPLIT_TARGET_BLOCKS_PER_SM",
+    "STORAGE",
+    "choose_splits",
+    "is_decode_shape",
+    "launch_attend_gathered",
+    "launch_attend_masked",
+    "split_workspace",
+]

@@ -1,0 +1,93 @@
+"""The decode-shaped attention kernels: one token x one head chunk x one split per block.
+
+Grid (n_splits, n_kv_heads x head chunks, width): each block takes one token, up to
+DECODE_ROWS query heads of one KV group, and one of n_splits near-equal parts of the
+token's sweep range, in tiles of DECODE_TILE cells; it writes a partial (acc, m, l) that
+`merge.merge_splits` combines. One body, made once per view (`views`): masked and
+gathered differ only in which cells a token sees. Shared memory ~42 KB: K/V tiles
+32 x 129 / 32 x 128 float32, q and acc 8 x 128.
+"""
+
+import numpy as np
+
+from numbakv.cache._cuda import cuda
+from numbakv.cache.kernels import kernel
+from numbakv.cache.kernels.attention import tiles, views
+from numbakv.cache.kernels.attention.tiles import (
+    DECODE_ROWS,
+    DECODE_TILE,
+    HEAD_DIM_MAX,
+    HI,
+    K_STRIDE,
+    KEY,
+    LO,
+    PARTIALS,
+    STORAGE,
+    Q,
+    T,
+)
+
+
+def signatures(view: str) -> list[str]:
+    """q, k_pool, v_pool, view, width, scale, n_splits, part_acc, part_m, part_l; per storage."""
+    return [
+        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {view}, int32, float32, int32, {PARTIALS})"
+        for s in STORAGE
+    ]
+
+
+def make_decode(token, flags):
+    """The decode kernel over the view that `token` and `flags` read (see `views`)."""
+
+    def attend_decode(q, k_pool, v_pool, view, width, scale, n_splits, part_acc, part_m, part_l):
+        """Partial attention of one token over one split of the cells it sees, per block."""
+        # q: [>= width, n_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
+        # part_acc: [>= width, n_heads, >= n_splits, head_dim]
+        # part_m, part_l: [>= width, n_heads, >= n_splits]
+        q_s = cuda.shared.array((DECODE_ROWS, K_STRIDE), np.float32)
+        acc_s = cuda.shared.array((DECODE_ROWS, HEAD_DIM_MAX), np.float32)
+        k_s = cuda.shared.array((DECODE_TILE, K_STRIDE), np.float32)
+        v_s = cuda.shared.array((DECODE_TILE, HEAD_DIM_MAX), np.float32)
+        s_s = cuda.shared.array((DECODE_ROWS, DECODE_TILE), np.float32)
+        ok_s = cuda.shared.array((1, DECODE_TILE), np.uint8)
+        cell_s = cuda.shared.array(DECODE_TILE, np.int32)
+        m_s = cuda.shared.array(DECODE_ROWS, np.float32)
+        l_s = cuda.shared.array(DECODE_ROWS, np.float32)
+        alpha_s = cuda.shared.array(DECODE_ROWS, np.float32)
+        tok_s = cuda.shared.array((4, 1), np.int32)
+        head_dim = k_pool.shape[2]
+        group = q.shape[1] // k_pool.shape[1]
+        n_hb = min(group, DECODE_ROWS)
+        n_head_blocks = k_pool.shape[1] * ((group + n_hb - 1) // n_hb)
+        for t in range(cuda.blockIdx.z, width, cuda.gridDim.z):
+            key, lo, hi = token(view, t)
+            for hy in range(cuda.blockIdx.y, n_head_blocks, cuda.gridDim.y):
+                kv_head, h0, n_rows = tiles.heads_of(hy, group, n_hb)
+                for split in range(cuda.blockIdx.x, n_splits, cuda.gridDim.x):
+                    start, end = tiles.split_range(lo, hi, split, n_splits)
+                    if cuda.threadIdx.x == 0:
+                        tok_s[T, 0] = t
+                        tok_s[KEY, 0] = key
+                        tok_s[LO, 0] = start
+                        tok_s[HI, 0] = end
+                    cuda.syncthreads()
+                    tiles.start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_rows, h0, head_dim)
+                    for j0 in range(start, end, DECODE_TILE):
+                        if flags(view, ok_s, cell_s, tok_s, 1, key, j0, k_pool.shape[0]):
+                            tiles.tile_update(
+                                q_s, acc_s, k_s, v_s, s_s, ok_s, cell_s, m_s, l_s, alpha_s,
+                                k_pool, v_pool, kv_head, n_rows, n_rows, head_dim, scale,
+                            )  # fmt: skip
+                    tiles.write_partial(
+                        part_acc, part_m, part_l, acc_s, m_s, l_s, t, split, n_rows, h0, head_dim
+                    )
+
+    return attend_decode
+
+
+attend_masked_decode = kernel(signatures(views.MASKED_VIEW), name="attend_masked_decode")(
+    make_decode(views.masked_token, views.masked_flags)
+)
+attend_gathered_decode = kernel(signatures(views.GATHERED_VIEW), name="attend_gathered_decode")(
+    make_decode(views.gathered_token, views.gathered_flags)
+)

@@ -1,0 +1,91 @@
+"""Which cells a token sees: the one place where masked and gathered attention differ.
+
+A view is a tuple of the arrays and scalars a mode reads, and two device functions:
+
+    token(view, t) -> (key, lo, hi)   token t reads sweep indices [lo, hi) of sweep `key`
+                                      (lo == hi: it sees nothing, e.g. a padded row)
+    flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows) -> any
+                                      for the tile of sweep indices j0 + jj: ok_s[k, jj] = 1
+                                      where token k of the block sees index j0 + jj, cell_s[jj]
+                                      its cell if any token sees it, else -1; returns whether
+                                      any token of the block sees any cell of the tile
+
+masked   view (mask, read_len): every token sweeps the cells [0, read_len) as key 0 and sees
+         cell c where mask[t, c] == 1; the mask is read at rows < width, columns < read_len.
+gathered view (seq_cells, seq_ids, positions, window): token t of sequence s at position p
+         sweeps the positions [max(0, p - W + 1), p + 1) of key s (0 for W = 0) and sees
+         cell seq_cells[s, j] (read only inside that range); a cell id outside [0, rows) is
+         seen by no one.
+"""
+
+import numpy as np
+
+from numbakv.cache._cuda import cuda
+from numbakv.cache.kernels import device_function
+from numbakv.cache.kernels.attention.tiles import HI, KEY, LO, T
+
+MASKED_VIEW = "Tuple((uint8[:, ::1], int32))"  # mask [max_width, capacity], read_len
+GATHERED_VIEW = "Tuple((int32[:, ::1], int32[::1], int32[::1], int32))"  # seq_cells, seq_ids,
+# positions, window
+
+
+@device_function
+def masked_token(view, t):
+    """Every token sweeps [0, read_len) of key 0."""
+    return 0, 0, view[1]
+
+
+@device_function
+def masked_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
+    """Token k sees cell c = j0 + jj inside its [LO, HI) where its mask bit is set."""
+    # mask: [max_width, capacity] uint8  ok_s: [tokens, tile] uint8  cell_s: [tile] int32
+    mask = view[0]
+    tile = cell_s.shape[0]
+    is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
+    for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):
+        c = j0 + jj
+        is_needed = False
+        for k in range(n_tok):
+            sees = tok_s[LO, k] <= c and c < tok_s[HI, k] and mask[tok_s[T, k], c] != 0
+            ok_s[k, jj] = 1 if sees else 0
+            is_needed = is_needed or sees
+        cell_s[jj] = c if is_needed else -1
+        if is_needed:
+            is_any = np.int32(1)
+    return cuda.syncthreads_or(is_any)
+
+
+@device_function
+def gathered_token(view, t):
+    """Token t of sequence s at position p sweeps [window start, p + 1) of key s."""
+    seq, p, window = view[1][t], view[2][t], view[3]
+    if seq < 0:  # padding: an empty range, output 0
+        return 0, 0, 0
+    lo = max(0, p - window + 1) if window > 0 else 0
+    return seq, lo, p + 1
+
+
+@device_function
+def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
+    """Token k of sequence `key` sees position j = j0 + jj inside its [LO, HI), in cell
+    seq_cells[key, j], which is read only when some token needs it."""
+    # seq_cells: [max_seqs, max_seq_len] int32  ok_s: [tokens, tile] uint8
+    seq_cells = view[0]
+    tile = cell_s.shape[0]
+    is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
+    for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):
+        j = j0 + jj
+        is_needed = False
+        for k in range(n_tok):
+            sees = tok_s[KEY, k] == key and tok_s[LO, k] <= j and j < tok_s[HI, k]
+            is_needed = is_needed or sees
+        c = seq_cells[key, j] if is_needed else -1
+        if c >= rows:
+            c = -1
+        for k in range(n_tok):
+            sees = c >= 0 and tok_s[KEY, k] == key and tok_s[LO, k] <= j and j < tok_s[HI, k]
+            ok_s[k, jj] = 1 if sees else 0
+        cell_s[jj] = c
+        if c >= 0:
+            is_any = np.int32(1)
+    return cuda.syncthreads_or(is_any)

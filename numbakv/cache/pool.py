@@ -1,0 +1,76 @@
+"""`DevicePool`: every layer's K and V on the device, growing by SPEC §4's rule, transactionally."""
+
+from collections.abc import Callable
+
+import numpy as np
+
+from numbakv.cache._cuda import DRIVER_ERRORS, cuda
+from numbakv.config import CacheConfig
+from numbakv.errors import AllocationError
+
+Allocator = Callable[[tuple[int, ...], np.dtype], object]  # (shape, dtype) -> device array
+ALLOCATION_ERRORS = (MemoryError, AllocationError, *DRIVER_ERRORS)
+
+
+def device_allocator(shape: tuple[int, ...], dtype: np.dtype):
+    """The default allocator: uninitialised device memory (unwritten rows hold garbage)."""
+    return cuda.device_array(shape, dtype=dtype)
+
+
+class DevicePool:
+    """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are device arrays
+    [rows, n_kv_heads, head_dim] in the storage dtype.
+
+    rows       : cells allocated, 0 until the first step
+    generation : changes exactly when storage moves (the first allocation and each growth)
+    allocator  : (shape, dtype) -> device array; raising MemoryError, AllocationError or the
+                 driver's out-of-memory error refuses the growth
+    """
+
+    def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
+        self.config = config
+        self.allocator = allocator
+        self.k: list = [None] * config.n_layers
+        self.v: list = [None] * config.n_layers
+        self.rows = 0
+        self.generation = 0
+        self.growth_count = 0
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K and V storage over all layers."""
+        return self.rows * self.config.n_layers * self.config.row_bytes
+
+    def reserve(self, required: int, read_len: int) -> None:
+        """Makes rows >= required, keeping rows [0, read_len) bit-exact.
+
+        Rows grow to max(initial_cells, required) the first time, later to
+        min(capacity, max(required, 2 * rows)). Every new array is allocated before any row
+        is copied (device to device) or any old array dropped, so a refused allocation
+        (AllocationError) leaves the pool as it was.
+        """
+        if required <= self.rows:
+            return
+        if self.rows == 0:
+            rows = max(self.config.initial_cells, required)
+        else:
+            rows = min(self.config.capacity, max(required, 2 * self.rows))
+        shape = (rows, self.config.n_kv_heads, self.config.head_dim)
+        dtype = np.dtype(self.config.dtype)
+        try:
+            fresh = [self.allocator(shape, dtype) for _ in range(2 * self.config.n_layers)]
+        except ALLOCATION_ERRORS as error:
+            n_bytes = rows * self.config.n_layers * self.config.row_bytes
+            raise AllocationError(
+                f"could not allocate {rows} rows of K/V ({n_bytes} bytes) on the device to "
+                f"grow from {self.rows}; free sequences or lower capacity, then retry the step"
+            ) from error
+        if self.rows and read_len:
+            for new, old in zip(fresh, self.k + self.v, strict=True):
+                new[:read_len].copy_to_device(old[:read_len])
+        n = self.config.n_layers
+        self.k, self.v = fresh[:n], fresh[n:]
+        if self.rows:
+            self.growth_count += 1
+        self.rows = rows
+        self.generation += 1

@@ -1,0 +1,339 @@
+"""`HostTable`: the cell table of SPEC §2 for the device path, every verb costing its cells.
+
+The state the contract names is kept as the reference keeps it, so snapshots of the two
+compare equal:
+
+    pos      : [capacity] int32, the position each cell holds, -1 = free
+    owners   : [capacity, n_owner_words] uint64, bit `s % 64` of word `s // 64` = sequence s
+    live     : [max_seqs] bool
+
+Beside it, the indexes that make each verb cost the cells it touches, never capacity:
+
+    n_owners : [capacity] int32, owner bits set in each cell, so freeing a cell is O(1)
+    trees    : two bit trees over the cells (`bittree`), [FREE] 1 = free and [OCC]
+               1 = occupied: the lowest free cell at or after c, and the highest occupied
+               cell (to trim read_len), in O(log64 capacity) words
+    id tree  : a bit tree over sequence ids, 1 = free, for `seq_new`'s lowest free id
+    segments : each sequence's cells in position order (`arena.Segments`)
+
+Placement is SPEC §2's: tokens in declaration order take the lowest free cells. Every cell
+at or past `read_len` is free, so "the lowest free cells" are the holes below `read_len`
+first, then `read_len`, `read_len + 1`, ...: one search in the free tree gives both.
+
+Example (a prefill step, a decode step, a removal, a decode step):
+
+    [a, a, a, b, b]   -> cells 0 1 2 3 4, positions 0 1 2 0 1
+    [b, a]            -> cells 5 6, positions 2 3; read_len 7
+    seq_rm(a)         -> returns [0, 1, 2, 6]; read_len trims to 6 (b holds 3 4 5)
+    [b]               -> cell 0, position 3: the hole refills before read_len grows
+"""
+
+import numbakv.cache.device  # noqa: F401, I001  (sets numba's simulator flag before numba is imported)
+
+import numba
+import numpy as np
+
+from numbakv.cache import arena
+from numbakv.cache.arena import Segments
+from numbakv.cache.bittree import (
+    ONE,
+    fill_tree,
+    is_consistent,
+    level_bits,
+    lowest_set_bits,
+    new_tree,
+    tree_clear,
+    tree_next,
+    tree_prev,
+    tree_set,
+)
+from numbakv.checks import check_live, check_position
+from numbakv.config import CacheConfig
+from numbakv.errors import CapacityError
+from numbakv.snapshot import Snapshot
+
+FREE, OCC = 0, 1  # rows of `trees`: 1 = free, 1 = occupied
+READ_LEN, USED = 0, 1  # slots of `meta`, which the njit functions update in place
+
+
+class HostTable:
+    """Which cell holds which position of which sequences, with O(cells touched) verbs.
+
+    The device cache calls, per step, `check_live` for each declared id, `free_cells` and
+    `place`; and the verbs `seq_new`, `seq_clone`, `seq_rm`, `rewind`, `clear`, which
+    return the cells they touched so that the device mirror can follow. Every refused call
+    raises before it changes anything.
+    """
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        capacity, max_seqs = config.capacity, config.max_seqs
+        self._pos = np.full(capacity, -1, dtype=np.int32)
+        self._owners = np.zeros((capacity, config.n_owner_words), dtype=np.uint64)
+        self._n_owners = np.zeros(capacity, dtype=np.int32)
+        self._live = np.zeros(max_seqs, dtype=bool)
+        bits, self._offs = new_tree(capacity)
+        self._trees = np.stack([bits, bits])
+        self._id_bits, self._id_offs = new_tree(max_seqs)  # 1 = free id
+        self._segments = Segments(max_seqs)
+        self._scratch = np.zeros(max_seqs, dtype=np.int64)  # all zero between calls
+        self._meta = np.zeros(2, dtype=np.int64)
+        self.clear()
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def read_len(self) -> int:
+        """Every occupied cell lies in [0, read_len)."""
+        return int(self._meta[READ_LEN])
+
+    @property
+    def used_cells(self) -> int:
+        return int(self._meta[USED])
+
+    @property
+    def free_cells(self) -> int:
+        return self.config.capacity - int(self._meta[USED])
+
+    @property
+    def live(self) -> np.ndarray:
+        """[max_seqs] bool, a read-only view: which sequence ids are live."""
+        view = self._live.view()
+        view.flags.writeable = False
+        return view
+
+    def check_live(self, seq) -> int:
+        """`seq` as an int; SequenceError when it is not an integer or not a live id."""
+        return check_live(seq, self._live)
+
+    def length(self, seq: int) -> int:
+        """pos(seq): positions `seq` holds (0 for a free id). `seq` is not checked."""
+        return self._segments.length(seq)
+
+    def cells_of(self, seq: int) -> np.ndarray:
+        """[pos(seq)] int32, a copy: `seq`'s cells in position order. `seq` is not checked."""
+        return self._segments.cells(seq)
+
+    def snapshot(self, rows: int) -> Snapshot:
+        """A host copy of cells [0, read_len) and the live ids; O(read_len)."""
+        read_len = self.read_len
+        return Snapshot(
+            pos=self._pos[:read_len].copy(),
+            owners=self._owners[:read_len].copy(),
+            live=self._live.copy(),
+            read_len=read_len,
+            capacity=self.config.capacity,
+            rows=rows,
+        )
+
+    # -- verbs -----------------------------------------------------------------
+
+    def seq_new(self) -> int:
+        """Reserves the lowest free id: live, empty. CapacityError when every id is live."""
+        seq = self._free_id()
+        self._take_id(seq)
+        return seq
+
+    def seq_clone(self, src, upto=None) -> tuple[int, np.ndarray]:
+        """A new id (the lowest free) sharing `src`'s cells at positions [0, upto).
+
+        upto : int in [0, pos(src)], default pos(src)
+        Returns (id, cells): cells [upto] int32, the shared cells in position order.
+        Refused (nothing changes): `src` not live, `upto` out of range (SequenceError);
+        every id live (CapacityError).
+        """
+        src = self.check_live(src)
+        n = self.length(src)
+        upto = n if upto is None else check_position("upto", upto, n, src)
+        seq = self._free_id()
+        shared = self._segments.open_prefix(seq, src, upto)
+        _share(shared, seq, self._owners, self._n_owners)
+        self._take_id(seq)
+        return seq, shared
+
+    def seq_rm(self, seq) -> np.ndarray:
+        """Releases `seq`; returns the [pos(seq)] int32 cells it held, in position order.
+
+        Cells left without owners become free and `read_len` is trimmed. SequenceError when
+        `seq` is not live.
+        """
+        seq = self.check_live(seq)
+        held = self.cells_of(seq)
+        self._release(held, seq)
+        self._segments.close(seq)
+        self._live[seq] = False
+        tree_set(self._id_bits, self._id_offs, seq)
+        return held
+
+    def rewind(self, seq, position) -> np.ndarray:
+        """Drops `seq`'s positions >= position; returns those [pos(seq) - position] int32 cells.
+
+        The id stays live. SequenceError when `seq` is not live or `position` is outside
+        [0, pos(seq)].
+        """
+        seq = self.check_live(seq)
+        position = check_position("position", position, self.length(seq), seq)
+        dropped = self._segments.cells(seq, position)
+        self._release(dropped, seq)
+        self._segments.truncate(seq, position)
+        return dropped
+
+    def clear(self) -> None:
+        """Every cell free, every id released; O(capacity)."""
+        self._pos.fill(-1)
+        self._owners.fill(0)
+        self._n_owners.fill(0)
+        self._live.fill(False)
+        fill_tree(self._trees[FREE], self._offs, self.config.capacity)
+        self._trees[OCC].fill(0)
+        fill_tree(self._id_bits, self._id_offs, self.config.max_seqs)
+        self._segments.clear()
+        self._meta.fill(0)
+
+    # -- placement: find, then claim -------------------------------------------
+
+    def place(self, seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Places one token per entry of `seq_ids` ([n] int32 live ids, checked by the
+        caller, n <= free_cells): ([n] int32 cells, [n] int32 positions).
+
+        Token i of sequence s gets position pos(s) + (earlier tokens of s in seq_ids) and
+        the i-th lowest free cell; every cell is found before any is claimed.
+        """
+        seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        positions = _positions_of(seq_ids, self._segments.seg[arena.LEN], self._scratch)
+        cells = self.find_cells(len(seq_ids))
+        self._segments.reserve(seq_ids)
+        segments = self._segments
+        _claim(cells, positions, seq_ids, *self._tables(), segments.arena, segments.seg)
+        return cells, positions
+
+    def find_cells(self, n: int) -> np.ndarray:
+        """[n] int32: the n lowest free cells, ascending (holes below read_len, then fresh).
+
+        Pure: claims nothing.
+        """
+        if n > self.free_cells:
+            raise CapacityError(f"find_cells({n}) with only {self.free_cells} free cells")
+        return lowest_set_bits(self._trees[FREE], self._offs, n)
+
+    # -- invariants ------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError naming the first broken invariant; O(capacity), for tests.
+
+        SPEC §2's (each live sequence holds positions 0 .. pos-1 once, each in a cell with
+        its bit; a cell without owners is free; owners are live; every occupied cell lies
+        below read_len, which is trimmed; used + free = capacity) and the indexes' (owner
+        counts, the trees, each segment equal to its sequence's cells by position).
+        """
+        pos, owners, live = self._pos, self._owners, self._live
+        n_set = np.bitwise_count(owners).sum(axis=1, dtype=np.int64)
+        occupied = pos >= 0
+        _require(np.array_equal(occupied, n_set > 0), "a cell's position and owners disagree")
+        _require(np.array_equal(n_set, self._n_owners), "n_owners differs from the bitsets")
+        _require(int(occupied.sum()) == self.used_cells, "used_cells miscounted")
+        _require(self.used_cells + self.free_cells == self.config.capacity, "used + free")
+        top = int(np.flatnonzero(occupied)[-1]) + 1 if occupied.any() else 0
+        _require(top == self.read_len, f"read_len {self.read_len}, highest occupied + 1 {top}")
+        capacity = self.config.capacity
+        for row, expect in ((FREE, ~occupied), (OCC, occupied)):
+            bits = self._trees[row]
+            is_same = np.array_equal(level_bits(bits, self._offs, 0, capacity), expect)
+            _require(is_same, "a cell tree disagrees with the positions")
+            _require(is_consistent(bits, self._offs), "a cell tree's summaries are stale")
+        ids = level_bits(self._id_bits, self._id_offs, 0, self.config.max_seqs)
+        _require(np.array_equal(ids, ~live), "the id tree disagrees with the live ids")
+        for seq in range(self.config.max_seqs):
+            word, bit = seq // 64, ONE << np.uint64(seq % 64)
+            holds = np.flatnonzero(owners[:, word] & bit)
+            _require(live[seq] or len(holds) == 0, f"sequence {seq} owns cells but is not live")
+            cells = self.cells_of(seq)
+            _require(np.array_equal(np.sort(cells), holds), f"sequence {seq}'s segment")
+            _require(
+                np.array_equal(pos[cells], np.arange(len(cells))),
+                f"sequence {seq} does not hold positions 0..{len(cells) - 1} once",
+            )
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _tables(self) -> tuple:
+        return self._pos, self._owners, self._n_owners, self._trees, self._offs, self._meta
+
+    def _free_id(self) -> int:
+        seq = tree_next(self._id_bits, self._id_offs, 0)
+        if seq < 0:
+            raise CapacityError(
+                f"all {self.config.max_seqs} sequence ids are live; seq_rm() one or raise max_seqs"
+            )
+        return int(seq)
+
+    def _take_id(self, seq: int) -> None:
+        self._live[seq] = True
+        tree_clear(self._id_bits, self._id_offs, seq)
+
+    def _release(self, cells: np.ndarray, seq: int) -> None:
+        _release(cells, seq, *self._tables())
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(f"host table invariant broken: {what}")
+
+
+# -- njit kernels of the verbs ---------------------------------------------------
+
+
+@numba.njit(cache=True)
+def _positions_of(seq_ids, lengths, scratch):
+    """[n] int32 positions; `scratch` ([max_seqs] int64, all zero) counts and is re-zeroed."""
+    positions = np.empty(len(seq_ids), dtype=np.int32)
+    for t in range(len(seq_ids)):
+        s = seq_ids[t]
+        positions[t] = lengths[s] + scratch[s]
+        scratch[s] += 1
+    for t in range(len(seq_ids)):
+        scratch[seq_ids[t]] = 0
+    return positions
+
+
+@numba.njit(cache=True)
+def _claim(cells, positions, seq_ids, pos, owners, n_owners, trees, offs, meta, cell_arena, seg):
+    """Writes token t (cell, position, owner) and appends its cell to its sequence's segment."""
+    read_len = meta[READ_LEN]
+    for t in range(len(cells)):
+        c, s = np.int64(cells[t]), seq_ids[t]
+        pos[c] = positions[t]
+        owners[c, s >> 6] |= ONE << np.uint64(s & 63)
+        n_owners[c] += 1
+        tree_clear(trees[FREE], offs, c)
+        tree_set(trees[OCC], offs, c)
+        arena.append(cell_arena, seg, s, c)
+        read_len = max(read_len, c + 1)
+    meta[READ_LEN] = read_len
+    meta[USED] += len(cells)
+
+
+@numba.njit(cache=True)
+def _share(cells, seq, owners, n_owners):
+    """Sets sequence `seq`'s owner bit on `cells` ([n] int32)."""
+    bit = ONE << np.uint64(seq & 63)
+    for c in cells:
+        owners[c, seq >> 6] |= bit
+        n_owners[c] += 1
+
+
+@numba.njit(cache=True)
+def _release(cells, seq, pos, owners, n_owners, trees, offs, meta):
+    """Clears `seq`'s bit on `cells`, frees the cells left unowned, trims read_len."""
+    keep = ~(ONE << np.uint64(seq & 63))
+    for c32 in cells:
+        c = np.int64(c32)
+        owners[c, seq >> 6] &= keep
+        n_owners[c] -= 1
+        if n_owners[c] == 0:
+            pos[c] = -1
+            tree_set(trees[FREE], offs, c)
+            tree_clear(trees[OCC], offs, c)
+            meta[USED] -= 1
+    if meta[READ_LEN] > 0:
+        meta[READ_LEN] = tree_prev(trees[OCC], offs, meta[READ_LEN] - 1) + 1

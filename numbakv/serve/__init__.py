@@ -1,0 +1,12 @@
+"""numbakv.serve: a small serving stack over any cell cache, in NumPy and Python (no numba).
+
+model      a Llama-style decoder whose attention runs through `cache.write`/`cache.attend`
+tokenizer  the byte tokenizer
+sampling   greedy, temperature, top-k, top-p; one draw per sampled token
+plan       a run of tokens cut into forwards of at most max_width
+scheduler  which queued tokens go into the next batch (decodes first)
+executor   sessions over one cache and one model; batches in, logits and tokens out
+protocol   what the engine needs of an executor (`Executor` and `Lockstep` both are one)
+engine     continuous batching of generation requests
+lockstep   two executors driven as one, every result checked against the second
+"""

@@ -1,0 +1,238 @@
+"""`Executor`: sessions over one cell cache and one model; a batch of token slices in,
+each slice's last-row logits and sampled token out.
+
+A session is a cache sequence (its id is the sequence id) with its own sampling and
+generator. `execute` takes inputs, each a run of one session's tokens starting at a
+position:
+
+    position == length(session)  appends;
+    position <  length(session)  rewinds the session to `position` first (the cache's
+                                 `rewind`), then appends: regenerating from there;
+    position >  length(session)  is refused: it would leave a gap.
+
+A session may have several inputs in one batch when each starts where the one before
+ended. Every input is checked before anything changes, so a refused batch changes nothing.
+The batch's tokens, in input order, are cut by `plan_slices` into forwards of at most
+`max_width` tokens; each forward declares its tokens to the cache, runs the model and
+keeps the logits of the rows that end an input.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from numbakv.config import int_at_least
+from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
+from numbakv.serve.model import VOCAB_SIZE, Model
+from numbakv.serve.plan import plan_slices
+from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
+
+
+@dataclass(frozen=True)
+class Input:
+    """Tokens of one session from `position` on; `sample` asks for a token after the last."""
+
+    session: int
+    position: int
+    tokens: Sequence[int]
+    sample: bool = True
+
+
+@dataclass(frozen=True)
+class Output:
+    """The result of one input: the logits after its last token ([vocab] float32) and the
+    token sampled from them (None when the input did not ask)."""
+
+    session: int
+    logits: np.ndarray = field(repr=False)
+    token: int | None
+
+
+class Executor:
+    """Runs batches of session inputs through `model` over `cache`.
+
+    model              : a `Model` whose layers, KV heads, head_dim and windows match the cache
+    cache              : an empty cell cache (reference or device); the executor owns it
+    max_sessions       : sessions open at once, <= the cache's max_seqs
+    max_session_tokens : positions one session may hold, <= max_seq_len; max_sessions x
+                         max_session_tokens must fit the capacity, so a batch never runs out
+                         of cells
+    min_prefill        : forwards shorter than this run as one-token forwards (`plan_slices`)
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        cache,
+        max_sessions: int,
+        max_session_tokens: int,
+        min_prefill: int = 2,
+    ):
+        config = cache.config
+        mc = model.config
+        geometry = (mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.windows)
+        cache_geometry = (config.n_layers, config.n_kv_heads, config.head_dim, config.windows)
+        if geometry != cache_geometry:
+            raise ConfigError(
+                f"the model has (layers, kv heads, head_dim, windows) {geometry}, the cache "
+                f"{cache_geometry}; build the cache with model.config.cache_config(...)"
+            )
+        if cache.live_seqs:
+            raise ConfigError(f"the cache holds sequences {cache.live_seqs}; give an empty one")
+        self.max_sessions = int_at_least("max_sessions", max_sessions, 1)
+        self.max_session_tokens = int_at_least("max_session_tokens", max_session_tokens, 1)
+        self.min_prefill = int_at_least("min_prefill", min_prefill, 1)
+        if self.max_sessions > config.max_seqs:
+            raise ConfigError(
+                f"max_sessions={max_sessions} > the cache's max_seqs={config.max_seqs}"
+            )
+        if self.max_session_tokens > config.max_seq_len:
+            raise ConfigError(
+                f"max_session_tokens={max_session_tokens} > the cache's "
+                f"max_seq_len={config.max_seq_len}"
+            )
+        if self.max_sessions * self.max_session_tokens > config.capacity:
+            raise ConfigError(
+                f"max_sessions x max_session_tokens = {max_sessions} x {max_session_tokens} = "
+                f"{self.max_sessions * self.max_session_tokens} cells do not fit the capacity "
+                f"{config.capacity}; lower one of them or raise the capacity"
+            )
+        self.model = model
+        self.cache = cache
+        self._sampling: dict[int, Sampling] = {}
+        self._rng: dict[int, np.random.Generator] = {}
+
+    # -- sessions --------------------------------------------------------------
+
+    @property
+    def sessions(self) -> list[int]:
+        """Open session ids, ascending."""
+        return sorted(self._sampling)
+
+    @property
+    def free_sessions(self) -> int:
+        return self.max_sessions - len(self._sampling)
+
+    def open_session(self, sampling: Sampling = GREEDY) -> int:
+        """A new empty session (the lowest free sequence id) sampling with `sampling`."""
+        check_sampling(sampling)
+        self._check_room()
+        return self._opened(self.cache.seq_new(), sampling)
+
+    def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
+        """A new session sharing `session`'s first `upto` positions (default all) without
+        copying them; it samples with `sampling` (default the source's) from a fresh
+        generator of that seed."""
+        self._check_open(session)
+        self._check_room()
+        sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
+        return self._opened(self.cache.seq_clone(session, upto), sampling)
+
+    def close_session(self, session: int) -> None:
+        """Ends `session`; its cells no other session shares are free at once."""
+        self._check_open(session)
+        self.cache.seq_rm(session)
+        del self._sampling[session], self._rng[session]
+
+    def length(self, session: int) -> int:
+        """Positions `session` holds."""
+        self._check_open(session)
+        return self.cache.pos(session)
+
+    def sample(self, session: int, logits: np.ndarray) -> int:
+        """Draws `session`'s next token from `logits` ([vocab] float32) with its sampling."""
+        self._check_open(session)
+        return sample_token(logits, self._sampling[session], self._rng[session])
+
+    # -- batches ---------------------------------------------------------------
+
+    def execute(self, inputs: Sequence[Input]) -> list[Output]:
+        """Runs `inputs` (see the module docstring) and returns one `Output` per input, in
+        order. Refused with nothing changed when an input names a closed session, has no
+        tokens or a token outside the vocabulary, leaves a gap, overlaps another input of
+        its session, or passes max_session_tokens. A failure while running (the pool could not
+        grow: `AllocationError`) rewinds the batch's sessions to where their inputs start,
+        then raises."""
+        inputs = list(inputs)
+        starts = self._check(inputs)
+        for session, start in starts.items():
+            if start < self.cache.pos(session):
+                self.cache.rewind(session, start)
+        tokens = [(x.session, int(t)) for x in inputs for t in x.tokens]
+        ends = np.cumsum([len(x.tokens) for x in inputs]) - 1  # the stream index of each last row
+        try:
+            logits = self._run(tokens, ends)
+        except BaseException:
+            for session, start in starts.items():
+                if self.cache.pos(session) > start:
+                    self.cache.rewind(session, start)
+            raise
+        return [
+            Output(x.session, row, self.sample(x.session, row) if x.sample else None)
+            for x, row in zip(inputs, logits, strict=True)
+        ]
+
+    def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray) -> np.ndarray:
+        """[len(ends), vocab] float32: the logits at stream indices `ends` of the token stream."""
+        out = np.empty((len(ends), VOCAB_SIZE), dtype=np.float32)
+        for piece in plan_slices(len(tokens), self.cache.config.max_width, self.min_prefill):
+            chunk = tokens[piece.start : piece.start + piece.length]
+            self.cache.declare_step([session for session, _ in chunk])
+            step = self.cache.prepare_step()
+            wanted = np.flatnonzero((ends >= piece.start) & (ends < piece.start + piece.length))
+            rows = ends[wanted] - piece.start
+            out[wanted] = self.model.forward(self.cache, step, [t for _, t in chunk], rows)
+        return out
+
+    def _check(self, inputs: list[Input]) -> dict[int, int]:
+        """{session: the position its first input starts at}, or the error refusing the batch."""
+        if not inputs:
+            raise StepError("execute() needs at least one input")
+        starts: dict[int, int] = {}
+        ends: dict[int, int] = {}
+        for x in inputs:
+            if not isinstance(x, Input):
+                raise StepError(f"expected an Input, got {x!r}")
+            self._check_open(x.session)
+            tokens = np.asarray(x.tokens)
+            if tokens.ndim != 1 or len(tokens) == 0 or tokens.dtype.kind not in "iu":
+                raise StepError(f"session {x.session}: tokens must be a non-empty list of ints")
+            if tokens.min() < 0 or tokens.max() >= VOCAB_SIZE:
+                raise StepError(f"session {x.session}: tokens must lie in [0, {VOCAB_SIZE})")
+            position = int_at_least("position", x.position, 0)
+            expected = ends.get(x.session, self.cache.pos(x.session))
+            if position > expected:
+                raise SequenceError(
+                    f"session {x.session}: an input at position {position} leaves a gap after "
+                    f"position {expected - 1}; start at {expected} or earlier"
+                )
+            if x.session in ends and position < expected:
+                raise SequenceError(
+                    f"session {x.session}: an input at position {position} overlaps the "
+                    f"batch's earlier input, which ends at {expected}"
+                )
+            end = position + len(tokens)
+            if end > self.max_session_tokens:
+                raise CapacityError(
+                    f"session {x.session}: {end} positions pass max_session_tokens="
+                    f"{self.max_session_tokens}; close or rewind the session"
+                )
+            starts.setdefault(x.session, position)
+            ends[x.session] = end
+        return starts
+
+    def _opened(self, session: int, sampling: Sampling) -> int:
+        self._sampling[session] = sampling
+        self._rng[session] = sampling.generator()
+        return session
+
+    def _check_open(self, session: int) -> None:
+        if session not in self._sampling:
+            raise SequenceError(f"session {session} is not open; open_session() first")
+
+    def _check_room(self) -> None:
+        if not self.free_sessions:
+            raise CapacityError(
+                f"all max_sessions={self.max_sessions} sessions are open; close one first"
+            )

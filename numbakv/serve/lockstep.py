@@ -1,0 +1,117 @@
+"""`Lockstep`: two executors driven as one, every result of the first checked against the
+second. Give it an executor over the device cache and one over the reference cache, and any
+driver (the `Engine`, a test, your scheduler) is differentially tested as it runs."""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from numbakv.serve.executor import Executor, Input, Output
+from numbakv.serve.sampling import GREEDY, Sampling
+
+
+class LockstepError(AssertionError):
+    """The two executors disagreed: a table, a session id, a token or the logits."""
+
+
+class Lockstep:
+    """Runs every call on `executor` and on `reference`, compares, returns `executor`'s result.
+
+    After each `execute` the two caches' tables must be equal (`Snapshot` equality), every
+    sampled token the same, and the logits within `rtol` of the row's largest |logit| (at
+    least 1); refusals must be the same error type on both. The first disagreement raises
+    `LockstepError`.
+
+    n_steps          : batches checked so far
+    max_logit_error  : the largest logit difference seen, relative as `rtol`
+    """
+
+    def __init__(self, executor: Executor, reference: Executor, rtol: float = 1e-4):
+        self.executor = executor
+        self.reference = reference
+        self.rtol = rtol
+        self.n_steps = 0
+        self.max_logit_error = 0.0
+
+    @property
+    def cache(self):
+        return self.executor.cache
+
+    @property
+    def max_sessions(self) -> int:
+        return self.executor.max_sessions
+
+    @property
+    def max_session_tokens(self) -> int:
+        return self.executor.max_session_tokens
+
+    @property
+    def free_sessions(self) -> int:
+        return self.executor.free_sessions
+
+    def open_session(self, sampling: Sampling = GREEDY) -> int:
+        return self._same("open_session", lambda e: e.open_session(sampling))
+
+    def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
+        return self._same("clone", lambda e: e.clone(session, upto, sampling))
+
+    def close_session(self, session: int) -> None:
+        self._both(lambda e: e.close_session(session))
+        self._check_tables("close_session")
+
+    def sample(self, session: int, logits: np.ndarray) -> int:
+        return self._same("sample", lambda e: e.sample(session, logits))
+
+    def execute(self, inputs: Sequence[Input]) -> list[Output]:
+        got, expect = self._both(lambda e: e.execute(inputs))
+        for g, e in zip(got, expect, strict=True):
+            error = float(np.abs(g.logits - e.logits).max() / max(1.0, np.abs(e.logits).max()))
+            self.max_logit_error = max(self.max_logit_error, error)
+            if not error <= self.rtol:
+                raise LockstepError(
+                    f"step {self.n_steps}, session {g.session}: logits differ by {error:.3g} "
+                    f"of the largest > rtol={self.rtol}"
+                )
+            if g.token != e.token:
+                raise LockstepError(
+                    f"step {self.n_steps}, session {g.session}: sampled {g.token}, the "
+                    f"reference sampled {e.token}"
+                )
+        self._check_tables(f"step {self.n_steps}")
+        self.n_steps += 1
+        return got
+
+    def _same(self, what: str, call: Callable[[Executor], object]):
+        got, expect = self._both(call)
+        if got != expect:
+            raise LockstepError(f"{what}: got {got!r}, the reference {expect!r}")
+        self._check_tables(what)
+        return got
+
+    def _both(self, call: Callable[[Executor], object]) -> tuple:
+        """(executor's result, reference's result); a refusal must be the same on both."""
+        try:
+            got = call(self.executor)
+        except Exception as error:
+            try:
+                call(self.reference)
+            except Exception as reference_error:
+                if type(reference_error) is type(error):
+                    raise error from None
+                raise LockstepError(
+                    f"the executor refused ({error!r}), the reference ({reference_error!r})"
+                ) from error
+            raise LockstepError(
+                f"the executor refused ({error!r}), the reference did not"
+            ) from error
+        try:
+            expect = call(self.reference)
+        except Exception as error:
+            raise LockstepError(
+                f"the reference refused ({error!r}), the executor did not"
+            ) from error
+        return got, expect
+
+    def _check_tables(self, what: str) -> None:
+        if self.executor.cache.snapshot() != self.reference.cache.snapshot():
+            raise LockstepError(f"{what}: the cell tables differ")

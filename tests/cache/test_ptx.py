@@ -1,0 +1,206 @@
+"""Every registered kernel compiles to PTX for sm_80 and sm_90, with no float64 in it.
+
+The simulator runs Python that no GPU compiler accepts, so each kernel is also compiled
+for real, without a GPU: a subprocess with NUMBAKV_DEVICE=compile (numba without the
+simulator) compiles every REGISTRY entry for every signature, writes each PTX to a file and
+prints one JSON object. Where a ptxas of the NVVM's release is at hand, the attention
+kernels' PTX is also assembled for sm_90 (registers, shared memory, spills).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import numbakv
+from numbakv.cache.kernels.attention import STORAGE
+
+CCS = [(8, 0), (9, 0)]
+ATTENTION = "numbakv.cache.kernels.attention"
+MERGE = f"{ATTENTION}.merge.merge_splits"
+ATTENTION_KERNELS = {
+    f"{ATTENTION}.decode.attend_masked_decode",
+    f"{ATTENTION}.prefill.attend_masked_prefill",
+    f"{ATTENTION}.decode.attend_gathered_decode",
+    f"{ATTENTION}.prefill.attend_gathered_prefill",
+    MERGE,
+}
+SMEM_LIMIT = 48 * 1024  # static shared memory per block
+KERNELS = {
+    "numbakv.cache.kernels.placement.scatter_kv",
+    "numbakv.cache.kernels.placement.place_tokens",
+    "numbakv.cache.kernels.verbs.add_owner",
+    "numbakv.cache.kernels.verbs.drop_owner",
+    "numbakv.cache.kernels.verbs.clear_table",
+    "numbakv.cache.kernels.masks.write_mask",
+    "numbakv.cache.kernels.seq_cells.record_tokens",
+    "numbakv.cache.kernels.seq_cells.copy_prefix",
+    "numbakv.cache.kernels.seq_cells.set_length",
+    "numbakv.cache.kernels.seq_cells.clear_lengths",
+    *ATTENTION_KERNELS,
+}
+
+COMPILE_ALL = textwrap.dedent(
+    """
+    import json, re, sys, time
+    from pathlib import Path
+
+    from numbakv.cache._cuda import MODE, cuda
+    from numbakv.cache.kernels import load_all
+
+    assert MODE == "compile", MODE
+    ccs = [tuple(cc) for cc in json.loads(sys.argv[1])]
+    result = {}
+    for name, (fn, signatures, options) in load_all().items():
+        runs = result[name] = []
+        for i, sig in enumerate(signatures):
+            for cc in ccs:
+                run = {"sig": str(sig), "cc": list(cc), "target": None, "f64": [], "error": None,
+                       "ptx_file": None}
+                start = time.perf_counter()
+                try:
+                    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **options)
+                except Exception as e:  # reported, not raised: one failure hides no other
+                    run["error"] = f"{type(e).__name__}: {e}"
+                else:
+                    target = re.search(r"^\\.target\\s+(\\w+)", ptx, re.MULTILINE)
+                    run["target"] = target and target.group(1)
+                    run["f64"] = [ln.strip() for ln in ptx.splitlines() if ".f64" in ln][:5]
+                    path = Path(f"{name}.{i}.sm_{cc[0]}{cc[1]}.ptx").resolve()
+                    path.write_text(ptx)
+                    run["ptx_file"] = str(path)
+                run["seconds"] = time.perf_counter() - start
+                runs.append(run)
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    """{kernel name: [{sig, cc, target, f64, error, seconds}, ...]} from a compile-only run."""
+    repo_root = Path(numbakv.__file__).resolve().parents[1]
+    env = dict(os.environ, NUMBAKV_DEVICE="compile", NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_ALL, json.dumps(CCS)],
+        cwd=tmp_path_factory.mktemp("ptx"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"compile-only run failed:\n{proc.stderr[-4000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, runs in sorted(result.items()):  # shown with -s: the compile time of each kernel
+        total = sum(run["seconds"] for run in runs)
+        print(f"{name}: {len(runs)} compiles in {total:.2f} s")
+    return result
+
+
+def test_registry_holds_every_kernel(compiled):
+    assert set(compiled) == KERNELS
+    assert all(compiled.values()), "a kernel registered with no signature"
+
+
+def test_every_kernel_compiles_for_every_signature(compiled):
+    errors = [f"{name} {r['sig']} cc={r['cc']}: {r['error']}" for name, runs in compiled.items()
+              for r in runs if r["error"]]  # fmt: skip
+    assert not errors, "\n".join(errors)
+    for runs in compiled.values():
+        n_sigs = len({r["sig"] for r in runs})
+        assert len(runs) == n_sigs * len(CCS)
+
+
+def test_ptx_targets_the_asked_architecture(compiled):
+    for name, runs in compiled.items():
+        for r in runs:
+            major, minor = r["cc"]
+            assert r["target"] == f"sm_{major}{minor}", (name, r["sig"], r["target"])
+
+
+def test_ptx_has_no_float64(compiled):
+    f64 = {f"{name} {r['sig']}": r["f64"] for name, runs in compiled.items() for r in runs}
+    assert not any(f64.values()), {k: v for k, v in f64.items() if v}
+
+
+def test_scatter_kv_compiles_every_dtype_pair(compiled):
+    sigs = {r["sig"] for r in compiled["numbakv.cache.kernels.placement.scatter_kv"]}
+    floats = [re.findall(r"(float\d+)\[", sig) for sig in sigs]  # k, v, k_pool, v_pool
+    pairs = {(f[0], f[2]) for f in floats if f[0] == f[1] and f[2] == f[3]}
+    assert pairs == {(x, s) for x in ("float32", "float16") for s in ("float32", "float16")}
+
+
+def test_attention_kernels_compile_for_both_storage_dtypes(compiled):
+    for name in ATTENTION_KERNELS - {MERGE}:
+        sigs = [r["sig"] for r in compiled[name]]
+        pools = {re.findall(r"(float\d+)\[", sig)[1] for sig in sigs}  # q, then k_pool
+        assert pools == set(STORAGE), (name, pools)
+        assert not [r for r in compiled[name] if r["error"] or r["f64"]]
+
+
+def ptxas_or_skip() -> str:
+    """The ptxas cuda.pathfinder finds (the pip one first), or pytest.skip with the reason."""
+    try:
+        from cuda import pathfinder
+
+        ptxas = pathfinder.find_nvidia_binary_utility("ptxas")
+    except Exception as e:  # no cuda-pathfinder, or it raised: nothing to run
+        pytest.skip(f"cuda.pathfinder cannot look for ptxas: {type(e).__name__}: {e}")
+    if not ptxas:
+        pytest.skip("no ptxas found (install numba-cuda[cu12] for a matching one)")
+    return ptxas
+
+
+def ptxas_report(ptxas: str, ptx_file: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [ptxas, "-v", "--gpu-name", "sm_90", ptx_file, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_attention_kernels_assemble_for_sm90_without_spills(compiled):
+    # the kernels size every shared and register array for head_dim 128 (HEAD_DIM_MAX), so
+    # one assembly per signature is the head_dim 128 figure
+    ptxas = ptxas_or_skip()
+    release = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60)
+    runs = [(name, r) for name in sorted(ATTENTION_KERNELS) for r in compiled[name]
+            if r["cc"] == [9, 0]]  # fmt: skip
+    ptx_version = re.search(r"^\.version\s+(\S+)", Path(runs[0][1]["ptx_file"]).read_text(), re.M)
+    first = ptxas_report(ptxas, runs[0][1]["ptx_file"])
+    if first.returncode and "Unsupported .version" in first.stderr:
+        line = release.stdout.strip().splitlines()[-1] if release.stdout else "?"
+        pytest.skip(
+            f"{ptxas} ({line}) rejects PTX .version {ptx_version and ptx_version.group(1)}: "
+            "pair NVVM with a ptxas of its release (NUMBA_NOTES)"
+        )
+    problems = []
+    for name, r in runs:
+        proc = ptxas_report(ptxas, r["ptx_file"])
+        if proc.returncode:
+            problems.append(f"{name} {r['sig']}: ptxas failed: {proc.stderr[-2000:]}")
+            continue
+        report = proc.stdout + proc.stderr
+        registers = re.findall(r"Used (\d+) registers", report)
+        smem = [int(x) for x in re.findall(r"(\d+) bytes smem", report)] or [0]
+        spills = re.findall(r"(\d+) bytes spill (stores|loads)", report)
+        pool = re.findall(r"(float\d+)\[", r["sig"])[1]  # q, then k_pool (merge: none)
+        label = name.rsplit(".", 1)[1] + ("" if "merge" in name else f" [{pool} pool]")
+        print(f"{label} sm_90: {','.join(registers)} registers, {max(smem)} bytes smem, "
+              f"spills {spills}")  # fmt: skip
+        if not registers or not spills:
+            problems.append(f"{name} {r['sig']}: no register or spill figures in:\n{report}")
+        if "0 bytes spill stores" not in report or "0 bytes spill loads" not in report:
+            problems.append(f"{name} {r['sig']}: spills:\n{report}")
+        if any(int(n) for n, _ in spills):
+            problems.append(f"{name} {r['sig']}: spills {spills}")
+        if max(smem) > SMEM_LIMIT:
+            problems.append(f"{name} {r['sig']}: {max(smem)} bytes of shared memory")
+    assert not problems, "\n".join(problems)
