@@ -40,7 +40,8 @@ def build(n_seqs: int, tokens: int, window: int, seed: int):
     table = HostTable(cfg)
 
     def step(seq_ids):
-        return table.place(np.asarray(seq_ids, np.int32))[1]
+        seq_ids = np.asarray(seq_ids, np.int32)
+        return table.claim(table.find_cells(len(seq_ids)), seq_ids)
 
     def fill(seqs, target):
         while any(table.length(s) < target for s in seqs):

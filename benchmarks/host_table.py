@@ -9,7 +9,7 @@ then 256 sequences of `--history` tokens each, interleaved as decoding leaves th
 token per sequence per step). Then, median host time over `--repeat` repeats of:
 
     decode (table)  the placement of a 256-token step, one token per sequence: what
-                    prepare_step does on the host (`place`; the reference's find + claim)
+                    prepare_step does on the host (find_cells, then claim)
     decode (+check) the same plus what declare_step checks: check_live of each of the 256
                     ids and free_cells
     clone 4Ki       seq_clone of the 4 Ki-token sequence
@@ -24,14 +24,12 @@ numba's cache) is printed separately.
 """
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
-from importlib.metadata import version
 
 import numpy as np
+from report import print_machine
 
 from numbakv.cache.table import HostTable
 from numbakv.config import CacheConfig
@@ -47,16 +45,8 @@ REWIND = 16
 
 
 def header() -> None:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     print("numbakv host cell table benchmark")
-    print(f"  python   {platform.python_version()} ({platform.python_implementation()})")
-    print(f"  numpy    {np.__version__}")
-    print(f"  numba    {version('numba')}")
-    print(f"  machine  {platform.platform()}, {platform.machine()}")
-    print(f"  cpus     {os.cpu_count()} (usable by this process: {usable})")
+    print_machine("numba")
 
 
 def config(capacity: int) -> CacheConfig:
@@ -71,14 +61,12 @@ def config(capacity: int) -> CacheConfig:
 
 
 def place(table, seq_ids: np.ndarray) -> None:
-    """The host half of prepare_step: the host table's `place`, or the reference's
-    positions_of + find_cells + claim."""
-    if isinstance(table, HostTable):
-        table.place(seq_ids)
-        return
-    positions = table.positions_of(seq_ids)
+    """The host half of prepare_step: find the cells, then claim them."""
     cells = table.find_cells(len(seq_ids))
-    table.claim(cells, positions, seq_ids)
+    if isinstance(table, HostTable):
+        table.claim(cells, seq_ids)
+    else:
+        table.claim(cells, table.positions_of(seq_ids), seq_ids)
 
 
 def checked_place(table, seq_ids: np.ndarray) -> None:

@@ -23,22 +23,28 @@ Timings use time.perf_counter after warm-up steps (the first decode step grows t
 """
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
+from reference_long_run import part_long_run
+from report import (
+    HEAD_DIM,
+    KI,
+    MI,
+    N_HEADS,
+    N_KV_HEADS,
+    cells_label,
+    mib,
+    print_machine,
+    print_table,
+    windows_for,
+)
 
 from numbakv.reference import CacheConfig, CellCache
 
-KI = 1024
-MI = 1024 * KI
-N_KV_HEADS = 2
-N_HEADS = 8
-HEAD_DIM = 64
 MAX_WIDTH = 64
 WINDOW = 128
 
@@ -58,48 +64,9 @@ QUICK = {
 }
 
 
-# -- output --------------------------------------------------------------------
-
-
-def print_table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> None:
-    """Prints rows under headers, first column left-aligned, the rest right-aligned."""
-    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows, strict=True)]
-
-    def line(cells) -> str:
-        parts = [
-            str(x).ljust(w) if i == 0 else str(x).rjust(w)
-            for i, (x, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return indent + "  ".join(parts).rstrip()
-
-    print(line(headers))
-    print(indent + "  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
-
-
-def cells_label(n: int) -> str:
-    if n % MI == 0:
-        return f"{n // MI} Mi"
-    if n % KI == 0:
-        return f"{n // KI} Ki"
-    return str(n)
-
-
-def mib(n_bytes: int) -> str:
-    return f"{n_bytes / MI:.1f}"
-
-
 def header(args: argparse.Namespace) -> None:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     print("numbakv.reference step benchmark" + (" (--quick)" if args.quick else ""))
-    print(f"  python   {platform.python_version()} ({platform.python_implementation()})")
-    print(f"  numpy    {np.__version__}")
-    print(f"  machine  {platform.platform()}, {platform.machine()}")
-    print(f"  cpus     {os.cpu_count()} (usable by this process: {usable})")
+    print_machine()
     print(
         f"  model    layers={args.layers} n_kv_heads={N_KV_HEADS} n_heads={N_HEADS} "
         f"head_dim={HEAD_DIM} max_width={MAX_WIDTH} max_seqs={args.seqs}"
@@ -111,15 +78,6 @@ def header(args: argparse.Namespace) -> None:
 
 
 # -- part 1 and 2: decode steps over a built history ---------------------------
-
-
-def windows_for(n_layers: int, window: int) -> tuple[int, ...]:
-    """All global (window 0), or `window` on every second layer (on the only one if one)."""
-    if window == 0:
-        return (0,) * n_layers
-    if n_layers == 1:
-        return (window,)
-    return tuple(window if layer % 2 else 0 for layer in range(n_layers))
 
 
 @dataclass
@@ -316,118 +274,6 @@ def part_capacity(args: argparse.Namespace) -> None:
         "K+V of all layers,\n"
         "   grown with read_len only; init ms: CellCache(config); x: ratio to the smallest "
         "capacity (1.00 = flat)"
-    )
-
-
-# -- part 3: the long run --------------------------------------------------------
-
-
-def part_long_run(args: argparse.Namespace) -> None:
-    n_seqs, capacity, max_width = 4, 512, 16
-    config = CacheConfig(
-        n_layers=args.layers,
-        n_kv_heads=N_KV_HEADS,
-        head_dim=HEAD_DIM,
-        capacity=capacity,
-        max_width=max_width,
-        max_seqs=n_seqs,
-        windows=windows_for(args.layers, 32),
-        dtype="float16",
-    )
-    print(
-        f"\n3. long run: {args.long_steps} steps, {n_seqs} sequences, capacity {capacity}, "
-        f"max_width {max_width}, float16, windows {config.windows}"
-    )
-    print(
-        "   each step: maybe rewind one sequence (p=0.1) or remove and renew one (p=0.02), "
-        "then 1..4 sequences\n"
-        "   decode 1 token or (p=0.1) prefill 2..8; the longest sequence is halved when "
-        "cells run short"
-    )
-    rng = np.random.default_rng(args.seed)
-    cache = CellCache(config)
-    seqs = [cache.seq_new() for _ in range(n_seqs)]
-    kv = rng.standard_normal((2, max_width, N_KV_HEADS, HEAD_DIM), dtype=np.float32)
-    q = rng.standard_normal((max_width, N_HEADS, HEAD_DIM), dtype=np.float32)
-    counts = {"tokens": 0, "rewinds": 0, "renews": 0, "halvings": 0}
-    max_read_len = 0
-    verb_s = table_s = kv_s = 0.0
-    start = time.perf_counter()
-    for _ in range(args.long_steps):
-        t0 = time.perf_counter()
-        churn = rng.random()
-        if churn < 0.1:
-            seq = seqs[rng.integers(n_seqs)]
-            cache.rewind(seq, int(rng.integers(cache.pos(seq) + 1)))
-            counts["rewinds"] += 1
-        elif churn < 0.12:
-            i = int(rng.integers(n_seqs))
-            cache.seq_rm(seqs[i])
-            seqs[i] = cache.seq_new()
-            counts["renews"] += 1
-        chosen = rng.choice(n_seqs, size=int(rng.integers(1, 5)), replace=False)
-        declared = []
-        for i in chosen.tolist():
-            n = int(rng.integers(2, 9)) if rng.random() < 0.1 else 1
-            declared += [seqs[i]] * n
-        declared = declared[:max_width]
-        while cache.free_cells < len(declared):
-            longest = max(seqs, key=cache.pos)
-            cache.rewind(longest, cache.pos(longest) // 2)
-            counts["halvings"] += 1
-        t1 = time.perf_counter()
-        cache.declare_step(declared)
-        step = cache.prepare_step()
-        t2 = time.perf_counter()
-        width = step.width
-        for layer in range(config.n_layers):
-            cache.write(layer, kv[0, :width], kv[1, :width])
-            cache.attend(layer, q[:width])
-        t3 = time.perf_counter()
-        verb_s += t1 - t0
-        table_s += t2 - t1
-        kv_s += t3 - t2
-        counts["tokens"] += width
-        max_read_len = max(max_read_len, cache.read_len)
-    elapsed = time.perf_counter() - start
-    steps = args.long_steps
-    print_table(
-        [
-            "steps",
-            "tokens",
-            "seconds",
-            "steps/s",
-            "ms/step",
-            "verbs ms",
-            "table ms",
-            "kv ms",
-            "rewinds",
-            "renews",
-            "halvings",
-            "max read_len",
-            "growths",
-        ],
-        [
-            [
-                str(steps),
-                str(counts["tokens"]),
-                f"{elapsed:.2f}",
-                f"{steps / elapsed:.0f}",
-                f"{1e3 * elapsed / steps:.2f}",
-                f"{1e3 * verb_s / steps:.3f}",
-                f"{1e3 * table_s / steps:.3f}",
-                f"{1e3 * kv_s / steps:.3f}",
-                str(counts["rewinds"]),
-                str(counts["renews"]),
-                str(counts["halvings"]),
-                str(max_read_len),
-                str(cache.growth_count),
-            ]
-        ],
-    )
-    print(
-        "   verbs: rewind/seq_rm/seq_new churn; table: declare+prepare; kv: write+attend "
-        "over all layers (means per step)"
     )
 
 

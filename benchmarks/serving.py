@@ -6,18 +6,18 @@ asserts nothing about timing.
     python benchmarks/serving.py --cache device   # the device cache (a GPU, else the simulator:
                                                   # use --quick there)
 
-One workload: `--requests` greedy requests with prompts of `--prompt` tokens (random
-bytes) and `--new` tokens each, all submitted at once, through the `Engine` with a
-`DecodeFirstScheduler(max_width, max_width // 2, max_width // 2)`. It runs twice with the
-same model and cache shape:
+One workload (sizes in FULL and QUICK): `requests` greedy requests with prompts of
+`prompt` tokens (random tokens of the model's vocabulary) and `new` tokens each, through
+the `Engine` with a `DecodeFirstScheduler(max_width, max_width // 2, max_width // 2)`. It
+runs twice with the same model and cache shape:
 
 1. batched: every request submitted at once, continuous batching;
 2. one at a time: each request submitted after the one before finished.
 
 Each prints generated tokens/s, steps, the mean time to first token, and where the time
-went: the executor's forwards (model + cache), the scheduler's `next_batch`, and the
-rest of the engine (admission, sampling, bookkeeping). The ratio batched / one-at-a-time
-is from one run on one machine.
+went: the executor's `execute` (model + cache + sampling), the scheduler's `next_batch`,
+and the rest of the engine (admission, bookkeeping). The ratio batched / one-at-a-time is
+from one run on one machine.
 """
 
 import argparse
@@ -62,7 +62,8 @@ def serve(model: Model, cache_class, sizes: dict, batched: bool, seed: int = 0) 
     engine = Engine(executor, DecodeFirstScheduler(width, max(1, width // 2), max(1, width // 2)))
     executor.execute = forward = Timed(executor.execute)
     engine.scheduler.next_batch = schedule = Timed(engine.scheduler.next_batch)
-    prompts = np.random.default_rng(seed).integers(0, 256, (n, prompt)).tolist()
+    vocab = model.config.vocab_size
+    prompts = np.random.default_rng(seed).integers(0, vocab, (n, prompt)).tolist()
     start = time.perf_counter()
     if batched:
         ids = [engine.submit(p, new) for p in prompts]

@@ -52,14 +52,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# In a checkout, `numbakv/` sits beside `reference/` and `viz/`, which install as
-# numbakv.reference and numbakv.viz; run from the checkout's root, Python finds this folder
-# before any installed numbakv, so the two are looked for beside it too.
-_HERE = Path(__file__).resolve().parent
-if not (_HERE / "reference").is_dir() and (_HERE.parent / "reference" / "__init__.py").is_file():
-    __path__.append(str(_HERE.parent))
-
-_moved.install()
+_moved.install(Path(__file__).resolve().parent)
 
 
 def __getattr__(name: str):

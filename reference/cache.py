@@ -102,8 +102,8 @@ class CellCache(Observable):
             b@0  0 0 1
 
         SPEC §3 in order: check the declaration (again: a verb may have run since) and the
-        width; grow the pool as far as placement can reach; find the cells, then claim
-        them. A refused call changes nothing and keeps the declaration.
+        width; find the cells (pure); grow the pool as far as placement can reach; claim the
+        cells. A refused call changes nothing and keeps the declaration.
         """
         if self._declared is None:
             raise StepError(
@@ -113,9 +113,9 @@ class CellCache(Observable):
         n = len(seq_ids)
         width = check_width(width, n, self.config.max_width)
         table = self._table
-        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
         positions = table.positions_of(seq_ids)
         cells = table.find_cells(n)
+        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
         table.claim(cells, positions, seq_ids)
         padding = np.full(width - n, -1, dtype=np.int32)
         cells, positions, seq_ids = (

@@ -137,7 +137,8 @@ class CellTable:
         _require(np.array_equal(occupied, owned), "a cell's position and owners disagree")
         _require(not occupied[self.read_len :].any(), "an occupied cell at or past read_len")
         _require(self.read_len == 0 or occupied[self.read_len - 1], "read_len is not trimmed")
-        _require(self.used_cells + self.free_cells == self.config.capacity, "used + free")
+        n_free = int(np.count_nonzero(~occupied))
+        _require(n_free + self.used_cells == self.config.capacity, "free + used != capacity")
         for seq in range(self.config.max_seqs):
             held = self.pos[: self.read_len][self.holds(seq)]
             if not self.live[seq]:

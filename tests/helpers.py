@@ -109,11 +109,13 @@ def solo_generate(model, prompt, max_new_tokens, sampling=None, stop_tokens=()):
 
 
 class FlakyAllocator:
-    """Refuses once `fail_after` more allocations have succeeded; counts calls."""
+    """Refuses once `fail_after` more allocations have succeeded; counts calls. Allocates
+    with `base` (host memory by default; the device cache's allocator for a device cache)."""
 
-    def __init__(self, error=MemoryError):
+    def __init__(self, error=MemoryError, base=numpy_allocator):
         self.fail_after = None
         self.error = error
+        self.base = base
         self.calls = 0
 
     def __call__(self, shape, dtype):
@@ -122,7 +124,7 @@ class FlakyAllocator:
             if self.fail_after == 0:
                 raise self.error("no memory")
             self.fail_after -= 1
-        return numpy_allocator(shape, dtype)
+        return self.base(shape, dtype)
 
 
 def dense_logits(model: Model, tokens: list[int]) -> np.ndarray:
@@ -142,3 +144,23 @@ def dense_logits(model: Model, tokens: list[int]) -> np.ndarray:
         h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
         x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
     return rms_norm(x, w["final_norm"], cfg.norm_eps) @ w["lm_head"]
+
+
+def plain_attention(q, k, v, scale):
+    """float64 softmax(q·kᵀ·scale)·v for one query head over its visible keys: [head_dim]."""
+    scores = np.array([np.dot(q, key) for key in k], dtype=np.float64) * scale
+    weights = np.exp(scores - scores.max())
+    return (weights[:, None] * v).sum(axis=0) / weights.sum()
+
+
+def solo_expect(q, k_hist, v_hist, positions, window, scale):
+    """solo attention spelled out token by token, head by head, in float64."""
+    q, k_hist, v_hist = (np.asarray(x, np.float64) for x in (q, k_hist, v_hist))
+    n_heads, n_kv_heads = q.shape[1], k_hist.shape[1]
+    out = np.zeros(q.shape)
+    for i, p in enumerate(positions):
+        seen = [j for j in range(p + 1) if window == 0 or j > p - window]
+        for h in range(n_heads):
+            kv = h * n_kv_heads // n_heads
+            out[i, h] = plain_attention(q[i, h], k_hist[seen, kv], v_hist[seen, kv], scale)
+    return out

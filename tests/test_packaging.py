@@ -1,7 +1,10 @@
 """The package's shape: import boundaries, the error hierarchy, the console script."""
 
+import json
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -18,13 +21,18 @@ from numbakv import errors
         "numbakv.reference",
         "numbakv.trace",
         "numbakv.viz",
-        "numbakv.model",
-        "numbakv.sampling",
-        "numbakv.plan",
-        "numbakv.scheduler",
-        "numbakv.executor",
-        "numbakv.engine",
-        "numbakv.lockstep",
+        "numbakv.cache",
+        "numbakv.cache.device",
+        "numbakv.serve",
+        "numbakv.serve.model",
+        "numbakv.serve.tokenizer",
+        "numbakv.serve.sampling",
+        "numbakv.serve.plan",
+        "numbakv.serve.scheduler",
+        "numbakv.serve.executor",
+        "numbakv.serve.protocol",
+        "numbakv.serve.engine",
+        "numbakv.serve.lockstep",
     ],
 )
 def test_import_does_not_import_numba(module, tmp_path):
@@ -33,6 +41,116 @@ def test_import_does_not_import_numba(module, tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, f"importing {module} imported numba\n{done.stderr}"
+
+
+def test_the_host_table_imports_numba_but_not_numba_cuda(tmp_path):
+    code = (
+        "import sys, numbakv.cache.table; "
+        "sys.exit(2 * ('numba' not in sys.modules) + ('numba.cuda' in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, (
+        f"exit {done.returncode} (2: no numba, 1: numba.cuda)\n{done.stderr}"
+    )
+
+
+MOVED = textwrap.dedent(
+    """
+    import json, sys, warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import numbakv.model, numbakv.serve.model
+        from numbakv.kernels.attention import launch_attend_masked
+        from numbakv.executor import Executor
+        from numbakv.model import decode
+    import numbakv.cache.kernels.attention as attention
+    import numbakv.serve.executor as executor
+    print(json.dumps({
+        "same": numbakv.model is numbakv.serve.model
+        and launch_attend_masked is attention.launch_attend_masked
+        and Executor is executor.Executor
+        and sys.modules["numbakv.kernels.attention"] is attention,
+        "warnings": [str(w.message) for w in caught if w.category is DeprecationWarning],
+    }))
+    """
+)
+
+
+def test_moved_modules_still_import_and_warn(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", MOVED], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["same"]
+    assert result["warnings"] == [
+        "numbakv.model moved to numbakv.serve.model; import it from there "
+        "(the old path goes in a later release)",
+        "numbakv.kernels moved to numbakv.cache.kernels; import it from there "
+        "(the old path goes in a later release)",
+        "numbakv.kernels.attention moved to numbakv.cache.kernels.attention; import it from "
+        "there (the old path goes in a later release)",
+        "numbakv.executor moved to numbakv.serve.executor; import it from there "
+        "(the old path goes in a later release)",
+    ]
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(
+    not (REPO_ROOT / "pyproject.toml").is_file(), reason="the tests are not in a checkout"
+)
+def test_the_repository_root_imports_its_own_package():
+    # from a checkout's root, numbakv/ shadows any installed numbakv; its reference/ and
+    # viz/ siblings must then be numbakv.reference and numbakv.viz (README, "From a checkout")
+    code = (  # without an editable install's finder, which would find them on its own
+        "import json, sys; "
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in type(f).__name__]; "
+        "import numbakv.reference, numbakv.viz; "
+        "print(json.dumps([numbakv.__file__, numbakv.reference.__file__, numbakv.viz.__file__]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    files = [Path(f) for f in json.loads(done.stdout)]
+    assert files == [
+        REPO_ROOT / "numbakv" / "__init__.py",
+        REPO_ROOT / "reference" / "__init__.py",
+        REPO_ROOT / "viz" / "__init__.py",
+    ]
+
+
+WINGS_APART = textwrap.dedent(
+    """
+    import json, sys
+    import numbakv.{first}
+    {load}
+    below = lambda m, p: m == p or m.startswith(p + ".")
+    print(json.dumps(sorted(m for m in sys.modules if any(below(m, p) for p in {others!r}))))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("first", "load", "others"),
+    [
+        ("cache.cellcache", "numbakv.cache.kernels.load_all()", ("numbakv.reference",)),
+        ("reference", "", ("numbakv.cache", "numbakv.serve", "numba")),
+        ("serve.engine", "import numbakv.serve.lockstep", ("numbakv.cache", "numbakv.reference")),
+    ],
+    ids=["cache", "reference", "serve"],
+)
+def test_a_wing_loads_without_the_others(first, load, others, tmp_path):
+    code = WINGS_APART.format(first=first, load=load, others=others)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
 
 
 def test_error_hierarchy():

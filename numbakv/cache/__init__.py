@@ -1,9 +1,9 @@
 """numbakv.cache: the device cell cache — the njit host table, the pool, the fixed buffers and
 the numba.cuda kernels — behind `CellCache`.
 
-Importing this package imports nothing: `CellCache`, `Step`, `StepBuffers`, `DevicePool`
-and `device_info` are resolved on first use (which picks the device and imports
-numba.cuda), and `numbakv.cache.table` is the host table alone, with numba's njit but no
+Importing this package imports nothing: `CellCache`, `Step`, `StepBuffers`, `DevicePool`,
+`device_info` and `device_address` are resolved on first use (which picks the device and
+imports numba.cuda), and `numbakv.cache.table` is the host table alone, with numba's njit but no
 numba.cuda. It never imports `numbakv.reference` or `numbakv.serve`.
 """
 
@@ -18,6 +18,7 @@ _EXPORTS = {
     "device_allocator": "numbakv.cache.pool",
     "HostTable": "numbakv.cache.table",
     "device_info": "numbakv.cache._cuda",
+    "device_address": "numbakv.cache._cuda",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 
-from numbakv.cache.device import IS_SIMULATOR, MODE
+# MODES and gpu_count: numbakv.device of 0.1 held them, and that old path now leads here
+from numbakv.cache.device import IS_SIMULATOR, MODE, MODES, gpu_count  # noqa: F401
 
 from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
 

@@ -48,8 +48,8 @@ class Segments:
     def open_prefix(self, seq: int, src: int, upto: int) -> np.ndarray:
         """Opens free id `seq` holding `src`'s first `upto` cells; returns them ([upto] int32)."""
         self.open(seq, 2 * upto)  # may compact: read src's segment after
-        shared = self.cells(src)[:upto]
-        off = self.seg[OFF, seq]
+        src_off, off = self.seg[OFF, src], self.seg[OFF, seq]
+        shared = self.arena[src_off : src_off + upto].copy()
         self.arena[off : off + upto] = shared
         self.seg[LEN, seq] = upto
         return shared
@@ -66,6 +66,23 @@ class Segments:
         """Makes room to append one cell per entry of `seq_ids` ([n] int32 open ids)."""
         while short := _reserve(self.arena, self.seg, self.meta, seq_ids, self._scratch):
             self._compact(short)
+
+    def is_consistent(self, is_open: np.ndarray) -> bool:
+        """Whether only ids of `is_open` ([max_seqs] bool) have segments (a new one gets its
+        segment with its first cell), each within its room, disjoint, below the top, and
+        top = held + garbage (for checks)."""
+        off, cap, n = self.seg
+        top, garbage = self.meta
+        held = cap > 0
+        order = np.argsort(off[held])
+        starts, ends = off[held][order], (off + cap)[held][order]
+        return bool(
+            not cap[~is_open].any()
+            and (n <= cap).all()
+            and (starts[1:] >= ends[:-1]).all()
+            and (ends <= top).all()
+            and top == cap.sum() + garbage <= len(self.arena)
+        )
 
     def clear(self) -> None:
         self.seg.fill(0)

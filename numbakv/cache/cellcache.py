@@ -110,10 +110,10 @@ class CellCache(Observable):
                 (cell, position and sequence -1, an all-zero mask row)
 
         In order: check the declaration again (a verb may have run since) and the width;
-        grow the pool to min(capacity, read_len + n), the furthest lowest-free placement can
-        reach, so that a refused allocation leaves the table untouched; find, then claim the
-        cells; upload the step's [width] arrays and read_len; kernels update the mirror and
-        write the masks. A refused call keeps the declaration.
+        find the cells (pure); grow the pool to min(capacity, read_len + n), the furthest
+        lowest-free placement can reach, so that a refused allocation leaves the table
+        untouched; claim the cells; upload the step's [width] arrays and read_len; kernels
+        update the mirror and write the masks. A refused call keeps the declaration.
         """
         if self._declared is None:
             raise StepError(
@@ -123,8 +123,9 @@ class CellCache(Observable):
         n = len(seq_ids)
         width = check_width(width, n, self.config.max_width)
         table = self._table
-        self._pool.reserve(min(self.config.capacity, table.read_len + n), table.read_len)
-        cells, positions = table.place(seq_ids)
+        cells = table.find_cells(n)
+        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
+        positions = table.claim(cells, seq_ids)
         cells, positions, seq_ids = (_pad(a, width) for a in (cells, positions, seq_ids))
         read_len = table.read_len
         self._write_step(cells, positions, seq_ids, read_len)

@@ -41,7 +41,7 @@ class DevicePool:
         """Bytes of K and V storage over all layers."""
         return self.rows * self.config.n_layers * self.config.row_bytes
 
-    def reserve(self, required: int, read_len: int) -> None:
+    def grow_to(self, required: int, read_len: int) -> None:
         """Makes rows >= required, keeping rows [0, read_len) bit-exact.
 
         Rows grow to max(initial_cells, required) the first time, later to

@@ -59,10 +59,10 @@ READ_LEN, USED = 0, 1  # slots of `meta`, which the njit functions update in pla
 class HostTable:
     """Which cell holds which position of which sequences, with O(cells touched) verbs.
 
-    The device cache calls, per step, `check_live` for each declared id, `free_cells` and
-    `place`; and the verbs `seq_new`, `seq_clone`, `seq_rm`, `rewind`, `clear`, which
-    return the cells they touched so that the device mirror can follow. Every refused call
-    raises before it changes anything.
+    The device cache calls, per step, `check_live` for each declared id, `free_cells`,
+    `find_cells` (pure) and, once the pool has grown, `claim`; and the verbs `seq_new`,
+    `seq_clone`, `seq_rm`, `rewind`, `clear`, which return the cells they touched so that
+    the device mirror can follow. Every refused call raises before it changes anything.
     """
 
     def __init__(self, config: CacheConfig):
@@ -190,22 +190,7 @@ class HostTable:
         self._segments.clear()
         self._meta.fill(0)
 
-    # -- placement: find, then claim -------------------------------------------
-
-    def place(self, seq_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Places one token per entry of `seq_ids` ([n] int32 live ids, checked by the
-        caller, n <= free_cells): ([n] int32 cells, [n] int32 positions).
-
-        Token i of sequence s gets position pos(s) + (earlier tokens of s in seq_ids) and
-        the i-th lowest free cell; every cell is found before any is claimed.
-        """
-        seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int32)
-        positions = _positions_of(seq_ids, self._segments.seg[arena.LEN], self._scratch)
-        cells = self.find_cells(len(seq_ids))
-        self._segments.reserve(seq_ids)
-        segments = self._segments
-        _claim(cells, positions, seq_ids, *self._tables(), segments.arena, segments.seg)
-        return cells, positions
+    # -- placement: find, then claim (the cache grows the pool in between) --------
 
     def find_cells(self, n: int) -> np.ndarray:
         """[n] int32: the n lowest free cells, ascending (holes below read_len, then fresh).
@@ -216,6 +201,20 @@ class HostTable:
             raise CapacityError(f"find_cells({n}) with only {self.free_cells} free cells")
         return lowest_set_bits(self._trees[FREE], self._offs, n)
 
+    def claim(self, cells: np.ndarray, seq_ids: np.ndarray) -> np.ndarray:
+        """Claims `cells` (from `find_cells`) for one token per entry of `seq_ids` ([n] int32
+        live ids, checked by the caller); returns the tokens' [n] int32 positions.
+
+        Token i of sequence s gets position pos(s) + (earlier tokens of s in seq_ids) and
+        cell cells[i]: its position and owner bit, appended to s's cells.
+        """
+        seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        positions = _positions_of(seq_ids, self._segments.seg[arena.LEN], self._scratch)
+        self._segments.reserve(seq_ids)
+        segments = self._segments
+        _claim(cells, positions, seq_ids, *self._tables(), segments.arena, segments.seg)
+        return positions
+
     # -- invariants ------------------------------------------------------------
 
     def check_invariants(self) -> None:
@@ -224,7 +223,8 @@ class HostTable:
         SPEC §2's (each live sequence holds positions 0 .. pos-1 once, each in a cell with
         its bit; a cell without owners is free; owners are live; every occupied cell lies
         below read_len, which is trimmed; used + free = capacity) and the indexes' (owner
-        counts, the trees, each segment equal to its sequence's cells by position).
+        counts, the trees, the segments disjoint and each equal to its sequence's cells by
+        position).
         """
         pos, owners, live = self._pos, self._owners, self._live
         n_set = np.bitwise_count(owners).sum(axis=1, dtype=np.int64)
@@ -232,7 +232,8 @@ class HostTable:
         _require(np.array_equal(occupied, n_set > 0), "a cell's position and owners disagree")
         _require(np.array_equal(n_set, self._n_owners), "n_owners differs from the bitsets")
         _require(int(occupied.sum()) == self.used_cells, "used_cells miscounted")
-        _require(self.used_cells + self.free_cells == self.config.capacity, "used + free")
+        n_free = int(np.count_nonzero(level_bits(self._trees[FREE], self._offs, 0, len(pos))))
+        _require(n_free + self.used_cells == self.config.capacity, "free + used != capacity")
         top = int(np.flatnonzero(occupied)[-1]) + 1 if occupied.any() else 0
         _require(top == self.read_len, f"read_len {self.read_len}, highest occupied + 1 {top}")
         capacity = self.config.capacity
@@ -243,6 +244,7 @@ class HostTable:
             _require(is_consistent(bits, self._offs), "a cell tree's summaries are stale")
         ids = level_bits(self._id_bits, self._id_offs, 0, self.config.max_seqs)
         _require(np.array_equal(ids, ~live), "the id tree disagrees with the live ids")
+        _require(self._segments.is_consistent(live), "segments overlap or pass the arena's top")
         for seq in range(self.config.max_seqs):
             word, bit = seq // 64, ONE << np.uint64(seq % 64)
             holds = np.flatnonzero(owners[:, word] & bit)
@@ -296,7 +298,9 @@ def _positions_of(seq_ids, lengths, scratch):
     return positions
 
 
-@numba.njit(cache=True)
+# not cached (cache=True): numba's cache notices changes to this file only, and _claim and
+# _release call into bittree and arena
+@numba.njit
 def _claim(cells, positions, seq_ids, pos, owners, n_owners, trees, offs, meta, cell_arena, seg):
     """Writes token t (cell, position, owner) and appends its cell to its sequence's segment."""
     read_len = meta[READ_LEN]
@@ -322,7 +326,7 @@ def _share(cells, seq, owners, n_owners):
         n_owners[c] += 1
 
 
-@numba.njit(cache=True)
+@numba.njit
 def _release(cells, seq, pos, owners, n_owners, trees, offs, meta):
     """Clears `seq`'s bit on `cells`, frees the cells left unowned, trims read_len."""
     keep = ~(ONE << np.uint64(seq & 63))

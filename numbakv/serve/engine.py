@@ -1,14 +1,16 @@
-"""`Engine`: continuous batching of generation requests over an `Executor`.
+"""`Engine`: continuous batching of generation requests over an `Executor` (or any
+`SessionExecutor`).
 
 A request is a prompt, a token budget, a sampling and stop tokens, asking for `n` samples.
 Each `step()` admits waiting requests while sessions are free (in arrival order), asks the
 `DecodeFirstScheduler` for the next batch, runs it through the executor and hands out the
 tokens it sampled:
 
-- a prompt is one prefill task, served in chunks while other sessions decode;
-- when the prompt's last chunk has run, `n > 1` samples are cloned from its session: the
-  prompt's cells are shared, never copied, and sample i draws with seed `seed + i` from the
-  same last-row logits;
+- a prompt (text through the engine's tokenizer, or token ids) is one prefill task, served
+  in chunks while other sessions decode;
+- the prompt's last chunk asks the executor for `n - 1` forks: it clones the session after
+  the prompt (the prompt's cells are shared, never copied) and sample i draws with seed
+  `seed + i` from the same last-row logits;
 - each sampled token becomes the sample's next decode task, until it samples a stop token
   (kept as the last token) or reaches `max_new_tokens`; a finished or cancelled sample's
   session closes at once, freeing its cells for the next step;
@@ -29,17 +31,18 @@ import numpy as np
 
 from numbakv.config import int_at_least
 from numbakv.errors import CapacityError, ConfigError
-from numbakv.serve.executor import Executor, Input, Output
-from numbakv.serve.model import VOCAB_SIZE, encode
+from numbakv.serve.executor import Input, Output
+from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
+from numbakv.serve.tokenizer import BYTE_TOKENIZER, Tokenizer
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """A token sampled for sample `sample` of request `request`, with the [vocab] float32
+    """A token sampled for sample `sample` of request `request`, with the [vocab_size] float32
     logits it was drawn from; `finish_reason` is set on the sample's last token."""
 
     request: int
@@ -105,24 +108,28 @@ class _Request:
 class Engine:
     """Serves generation requests with continuous batching.
 
-    executor  : the `Executor` (or anything with its API) to run batches on
-    scheduler : an empty `DecodeFirstScheduler`; default: a budget of the cache's
+    executor  : a `SessionExecutor` (an `Executor`, a `Lockstep`) to run batches on
+    scheduler : an empty `DecodeFirstScheduler`; default: a budget of the executor's
                 max_width tokens, up to half of it decodes, prefill chunks of the rest
     clock     : seconds, for the metrics (default `time.perf_counter`)
+    tokenizer : turns text prompts into tokens (default bytes); its vocab_size must not
+                pass the executor's
 
         engine = Engine(executor)
         [done] = engine.generate(["Hello"], max_new_tokens=8)
-        decode(done.tokens[0])
+        engine.tokenizer.decode(done.tokens[0])
     """
 
     def __init__(
         self,
-        executor: Executor,
+        executor: SessionExecutor,
         scheduler: DecodeFirstScheduler | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        tokenizer: Tokenizer = BYTE_TOKENIZER,
     ):
+        _check_parts(executor, tokenizer)
         if scheduler is None:
-            width = executor.cache.config.max_width
+            width = executor.max_width
             n_decodes = max(1, width // 2)
             scheduler = DecodeFirstScheduler(width, n_decodes, max(1, width - n_decodes))
         if scheduler.pending():
@@ -130,6 +137,7 @@ class Engine:
         self.executor = executor
         self.scheduler = scheduler
         self.clock = clock
+        self.tokenizer = tokenizer
         self.n_steps = 0
         self._requests: dict[int, _Request] = {}
         self._waiting: deque[_Request] = deque()
@@ -148,11 +156,10 @@ class Engine:
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> int:
         """Queues a request and returns its id; it joins the batch at the next `step()` that
-        has sessions for it. `prompt` is text (bytes become tokens) or token ids.
-        Refused (ConfigError, CapacityError) when it could never run."""
-        tokens = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not tokens or min(tokens) < 0 or max(tokens) >= VOCAB_SIZE:
-            raise ConfigError(f"a prompt is 1 or more tokens in [0, {VOCAB_SIZE}), got {tokens}")
+        has sessions for it. `prompt` is text (the tokenizer makes it tokens) or token ids
+        in [0, executor.vocab_size). Refused (ConfigError, CapacityError) when it could
+        never run."""
+        tokens = self._tokens(prompt)
         max_new_tokens = int_at_least("max_new_tokens", max_new_tokens, 1)
         n = int_at_least("n", n, 1)
         check_sampling(sampling)
@@ -172,6 +179,17 @@ class Engine:
         self._requests[request.id] = request
         self._waiting.append(request)
         return request.id
+
+    def _tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """The prompt's tokens, or ConfigError when they are none or outside the vocabulary."""
+        if isinstance(prompt, str):
+            tokens = [int(t) for t in self.tokenizer.encode(prompt)]
+        else:
+            tokens = [int(t) for t in prompt]
+        vocab_size = self.executor.vocab_size
+        if not tokens or min(tokens) < 0 or max(tokens) >= vocab_size:
+            raise ConfigError(f"a prompt is 1 or more tokens in [0, {vocab_size}), got {tokens}")
+        return tokens
 
     def cancel(self, request: int) -> bool:
         """Stops a request, waiting or running: its queued work is dropped and its sessions
@@ -266,20 +284,22 @@ class Engine:
         start = r.n_prefilled
         r.n_prefilled += work.n_tokens
         chunk = r.prompt[start : r.n_prefilled]
-        return Input(work.session, start, chunk, sample=r.n_prefilled == len(r.prompt))
+        if r.n_prefilled < len(r.prompt):
+            return Input(work.session, start, chunk, sample=False)
+        forks = tuple(replace(r.sampling, seed=r.sampling.seed + i) for i in range(1, r.n))
+        return Input(work.session, start, chunk, forks=forks)
 
     def _sampled(self, work: Work, out: Output) -> list[TokenEvent]:
-        """Hands out a sampled token; after the prompt, clones the other samples first."""
+        """Hands out a sampled token; after the prompt, the other samples' first tokens too
+        (their sessions are the executor's clones, `out.forks`)."""
         r, sample = self._running[work.session]
         pairs = [(sample, out.token)]
-        if work.kind == "prefill":
-            for i in range(1, r.n):
-                seeded = replace(r.sampling, seed=r.sampling.seed + i)
-                clone = _Sample(i, self.executor.clone(work.session, sampling=seeded))
-                r.samples.append(clone)
-                self._running[clone.session] = (r, clone)
-                pairs.append((clone, self.executor.sample(clone.session, out.logits)))
-            self._reserved -= r.n - 1
+        for i, (session, token) in enumerate(out.forks, start=1):
+            clone = _Sample(i, session)
+            r.samples.append(clone)
+            self._running[session] = (r, clone)
+            pairs.append((clone, token))
+        self._reserved -= len(out.forks)
         if r.first_token_at is None:
             r.first_token_at = self.clock()
         return [self._emit(r, s, token, out.logits) for s, token in pairs]
@@ -325,3 +345,17 @@ class Engine:
         if request not in self._requests:
             raise ConfigError(f"no request {request}; submit() returns request ids")
         return self._requests[request]
+
+
+def _check_parts(executor: SessionExecutor, tokenizer: Tokenizer) -> None:
+    """ConfigError unless `executor` is a `SessionExecutor` and `tokenizer` a `Tokenizer`
+    whose tokens the executor takes."""
+    if not isinstance(executor, SessionExecutor):
+        raise ConfigError(f"expected a SessionExecutor (an Executor, a Lockstep), got {executor!r}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise ConfigError(f"expected a Tokenizer (vocab_size, encode, decode), got {tokenizer!r}")
+    if tokenizer.vocab_size > executor.vocab_size:
+        raise ConfigError(
+            f"the tokenizer's vocab_size={tokenizer.vocab_size} passes the executor's "
+            f"vocab_size={executor.vocab_size}"
+        )

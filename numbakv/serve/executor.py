@@ -1,5 +1,5 @@
 """`Executor`: sessions over one cell cache and one model; a batch of token slices in,
-each slice's last-row logits and sampled token out.
+each slice's last-row logits and sampled token out (and the tokens of its forks).
 
 A session is a cache sequence (its id is the sequence id) with its own sampling and
 generator. `execute` takes inputs, each a run of one session's tokens starting at a
@@ -15,6 +15,17 @@ ended. Every input is checked before anything changes, so a refused batch change
 The batch's tokens, in input order, are cut by `plan_slices` into forwards of at most
 `max_width` tokens; each forward declares its tokens to the cache, runs the model and
 keeps the logits of the rows that end an input.
+
+The executor is where tokens are sampled. An input with `forks` (one `Sampling` each)
+also clones its session after its last token, once per fork, once every forward of the
+batch has run: each clone takes the lowest free session id (in input order, then fork
+order), shares every cell of the session up to there (nothing is copied) and draws its
+first token from the same logits with its fork's sampling, from a fresh generator of its
+seed. That is how n samples of one prompt start:
+
+    forks = tuple(Sampling(0.8, seed=seed + i) for i in range(1, n))
+    [out] = executor.execute([Input(session, 0, prompt, forks=forks)])
+    out.token, out.forks            # sample 0's token; ((clone, its token), ...) for 1..n-1
 """
 
 from collections.abc import Sequence
@@ -24,29 +35,38 @@ import numpy as np
 
 from numbakv.config import int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
-from numbakv.serve.model import VOCAB_SIZE, Model
+from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
 
 
 @dataclass(frozen=True)
 class Input:
-    """Tokens of one session from `position` on; `sample` asks for a token after the last."""
+    """Tokens of one session from `position` on.
+
+    tokens : ints in [0, vocab_size), at least one
+    sample : draw the session's next token from the logits after the last token
+    forks  : per entry, clone the session after the last token and draw the clone's first
+             token with that sampling (needs `sample`; see the module docstring)
+    """
 
     session: int
     position: int
     tokens: Sequence[int]
     sample: bool = True
+    forks: tuple[Sampling, ...] = ()
 
 
 @dataclass(frozen=True)
 class Output:
-    """The result of one input: the logits after its last token ([vocab] float32) and the
-    token sampled from them (None when the input did not ask)."""
+    """The result of one input: the logits after its last token ([vocab_size] float32), the
+    token sampled from them (None when the input did not ask) and, per fork of the input,
+    (the clone's session id, the clone's first token)."""
 
     session: int
     logits: np.ndarray = field(repr=False)
     token: int | None
+    forks: tuple[tuple[int, int], ...] = ()
 
 
 class Executor:
@@ -103,6 +123,18 @@ class Executor:
         self._sampling: dict[int, Sampling] = {}
         self._rng: dict[int, np.random.Generator] = {}
 
+    # -- limits ----------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens are ids in [0, vocab_size); logits are [vocab_size] float32 (the model's)."""
+        return self.model.config.vocab_size
+
+    @property
+    def max_width(self) -> int:
+        """Tokens one forward takes at most (the cache's max_width); a batch may hold more."""
+        return self.cache.config.max_width
+
     # -- sessions --------------------------------------------------------------
 
     @property
@@ -112,6 +144,7 @@ class Executor:
 
     @property
     def free_sessions(self) -> int:
+        """Sessions that can still be opened or cloned."""
         return self.max_sessions - len(self._sampling)
 
     def open_session(self, sampling: Sampling = GREEDY) -> int:
@@ -141,7 +174,8 @@ class Executor:
         return self.cache.pos(session)
 
     def sample(self, session: int, logits: np.ndarray) -> int:
-        """Draws `session`'s next token from `logits` ([vocab] float32) with its sampling."""
+        """Draws `session`'s next token from `logits` ([vocab_size] float32) with its
+        sampling. `execute` samples by itself; this is for schedulers of your own."""
         self._check_open(session)
         return sample_token(logits, self._sampling[session], self._rng[session])
 
@@ -151,9 +185,11 @@ class Executor:
         """Runs `inputs` (see the module docstring) and returns one `Output` per input, in
         order. Refused with nothing changed when an input names a closed session, has no
         tokens or a token outside the vocabulary, leaves a gap, overlaps another input of
-        its session, or passes max_session_tokens. A failure while running (the pool could not
-        grow: `AllocationError`) rewinds the batch's sessions to where their inputs start,
-        then raises."""
+        its session, or passes max_session_tokens; when its forks are not `Sampling`s or
+        come without `sample` (StepError), or need more sessions than are free
+        (CapacityError). A failure while running (the pool could not grow:
+        `AllocationError`) rewinds the batch's sessions to where their inputs start, makes
+        no clone, then raises."""
         inputs = list(inputs)
         starts = self._check(inputs)
         for session, start in starts.items():
@@ -168,15 +204,29 @@ class Executor:
                 if self.cache.pos(session) > start:
                     self.cache.rewind(session, start)
             raise
-        return [
-            Output(x.session, row, self.sample(x.session, row) if x.sample else None)
-            for x, row in zip(inputs, logits, strict=True)
-        ]
+        return [self._output(x, row) for x, row in zip(inputs, logits, strict=True)]
+
+    def _output(self, x: Input, logits: np.ndarray) -> Output:
+        """The input's `Output`: its token, then its forks cloned and sampled in order."""
+        if not x.sample:
+            return Output(x.session, logits, None)
+        token = self.sample(x.session, logits)
+        end = x.position + len(x.tokens)
+        forks = tuple(self._fork(x.session, end, sampling, logits) for sampling in x.forks)
+        return Output(x.session, logits, token, forks)
+
+    def _fork(
+        self, session: int, upto: int, sampling: Sampling, logits: np.ndarray
+    ) -> tuple[int, int]:
+        """(a clone of `session`'s first `upto` positions, its first token from `logits`)."""
+        clone = self.clone(session, upto, sampling)
+        return clone, self.sample(clone, logits)
 
     def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray) -> np.ndarray:
-        """[len(ends), vocab] float32: the logits at stream indices `ends` of the token stream."""
-        out = np.empty((len(ends), VOCAB_SIZE), dtype=np.float32)
-        for piece in plan_slices(len(tokens), self.cache.config.max_width, self.min_prefill):
+        """[len(ends), vocab_size] float32: the logits at stream indices `ends` of the token
+        stream."""
+        out = np.empty((len(ends), self.vocab_size), dtype=np.float32)
+        for piece in plan_slices(len(tokens), self.max_width, self.min_prefill):
             chunk = tokens[piece.start : piece.start + piece.length]
             self.cache.declare_step([session for session, _ in chunk])
             step = self.cache.prepare_step()
@@ -195,32 +245,59 @@ class Executor:
             if not isinstance(x, Input):
                 raise StepError(f"expected an Input, got {x!r}")
             self._check_open(x.session)
-            tokens = np.asarray(x.tokens)
-            if tokens.ndim != 1 or len(tokens) == 0 or tokens.dtype.kind not in "iu":
-                raise StepError(f"session {x.session}: tokens must be a non-empty list of ints")
-            if tokens.min() < 0 or tokens.max() >= VOCAB_SIZE:
-                raise StepError(f"session {x.session}: tokens must lie in [0, {VOCAB_SIZE})")
+            self._check_tokens(x)
+            self._check_forks(x)
             position = int_at_least("position", x.position, 0)
-            expected = ends.get(x.session, self.cache.pos(x.session))
-            if position > expected:
-                raise SequenceError(
-                    f"session {x.session}: an input at position {position} leaves a gap after "
-                    f"position {expected - 1}; start at {expected} or earlier"
-                )
-            if x.session in ends and position < expected:
-                raise SequenceError(
-                    f"session {x.session}: an input at position {position} overlaps the "
-                    f"batch's earlier input, which ends at {expected}"
-                )
-            end = position + len(tokens)
-            if end > self.max_session_tokens:
-                raise CapacityError(
-                    f"session {x.session}: {end} positions pass max_session_tokens="
-                    f"{self.max_session_tokens}; close or rewind the session"
-                )
+            ends[x.session] = self._check_span(x, position, ends.get(x.session))
             starts.setdefault(x.session, position)
-            ends[x.session] = end
+        n_forks = sum(len(x.forks) for x in inputs)
+        if n_forks > self.free_sessions:
+            raise CapacityError(
+                f"the batch forks {n_forks} sessions, {self.free_sessions} of max_sessions="
+                f"{self.max_sessions} are free; close sessions or fork fewer"
+            )
         return starts
+
+    def _check_span(self, x: Input, position: int, earlier_end: int | None) -> int:
+        """Where `x` ends when it starts at `position`, after its session's earlier input of
+        the batch ending at `earlier_end` (None: none); a gap, an overlap or a run past
+        max_session_tokens is refused."""
+        expected = self.cache.pos(x.session) if earlier_end is None else earlier_end
+        if position > expected:
+            raise SequenceError(
+                f"session {x.session}: an input at position {position} leaves a gap after "
+                f"position {expected - 1}; start at {expected} or earlier"
+            )
+        if earlier_end is not None and position < expected:
+            raise SequenceError(
+                f"session {x.session}: an input at position {position} overlaps the "
+                f"batch's earlier input, which ends at {expected}"
+            )
+        end = position + len(x.tokens)
+        if end > self.max_session_tokens:
+            raise CapacityError(
+                f"session {x.session}: {end} positions pass max_session_tokens="
+                f"{self.max_session_tokens}; close or rewind the session"
+            )
+        return end
+
+    def _check_tokens(self, x: Input) -> None:
+        tokens = np.asarray(x.tokens)
+        if tokens.ndim != 1 or len(tokens) == 0 or tokens.dtype.kind not in "iu":
+            raise StepError(f"session {x.session}: tokens must be a non-empty list of ints")
+        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+            raise StepError(f"session {x.session}: tokens must lie in [0, {self.vocab_size})")
+
+    def _check_forks(self, x: Input) -> None:
+        forks = x.forks
+        if not isinstance(forks, tuple | list) or not all(isinstance(f, Sampling) for f in forks):
+            raise StepError(
+                f"session {x.session}: forks must be a tuple of Sampling, got {forks!r}"
+            )
+        if forks and not x.sample:
+            raise StepError(
+                f"session {x.session}: an input with forks samples its token (sample=True)"
+            )
 
     def _opened(self, session: int, sampling: Sampling) -> int:
         self._sampling[session] = sampling

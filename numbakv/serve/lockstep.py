@@ -1,32 +1,40 @@
 """`Lockstep`: two executors driven as one, every result of the first checked against the
 second. Give it an executor over the device cache and one over the reference cache, and any
-driver (the `Engine`, a test, your scheduler) is differentially tested as it runs."""
+driver (the `Engine`, a test, your scheduler) is differentially tested as it runs. It is a
+`SessionExecutor`, so the `Engine` takes it as it takes an `Executor`."""
 
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from numbakv.errors import ConfigError
 from numbakv.serve.executor import Executor, Input, Output
 from numbakv.serve.sampling import GREEDY, Sampling
 
 
 class LockstepError(AssertionError):
-    """The two executors disagreed: a table, a session id, a token or the logits."""
+    """The two executors disagreed: a table, a session id, a token, a fork or the logits."""
 
 
 class Lockstep:
     """Runs every call on `executor` and on `reference`, compares, returns `executor`'s result.
 
     After each `execute` the two caches' tables must be equal (`Snapshot` equality), every
-    sampled token the same, and the logits within `rtol` of the row's largest |logit| (at
-    least 1); refusals must be the same error type on both. The first disagreement raises
-    `LockstepError`.
+    sampled token and every fork (clone id and token) the same, and the logits within
+    `rtol` of the row's largest |logit| (at least 1); refusals must be the same error type
+    on both. The first disagreement raises `LockstepError`; executors of different
+    vocabularies are refused at once (ConfigError).
 
     n_steps          : batches checked so far
     max_logit_error  : the largest logit difference seen, relative as `rtol`
     """
 
     def __init__(self, executor: Executor, reference: Executor, rtol: float = 1e-4):
+        if executor.vocab_size != reference.vocab_size:
+            raise ConfigError(
+                f"the executor's vocab_size={executor.vocab_size} is not the reference's "
+                f"{reference.vocab_size}"
+            )
         self.executor = executor
         self.reference = reference
         self.rtol = rtol
@@ -38,15 +46,28 @@ class Lockstep:
         return self.executor.cache
 
     @property
+    def vocab_size(self) -> int:
+        """Tokens are ids in [0, vocab_size); logits are [vocab_size] float32."""
+        return self.executor.vocab_size
+
+    @property
+    def max_width(self) -> int:
+        """Tokens one forward of `executor` takes at most."""
+        return self.executor.max_width
+
+    @property
     def max_sessions(self) -> int:
+        """Sessions open at once, at most (`executor`'s)."""
         return self.executor.max_sessions
 
     @property
     def max_session_tokens(self) -> int:
+        """Positions one session may hold, at most (`executor`'s)."""
         return self.executor.max_session_tokens
 
     @property
     def free_sessions(self) -> int:
+        """Sessions that can still be opened or cloned (`executor`'s)."""
         return self.executor.free_sessions
 
     def open_session(self, sampling: Sampling = GREEDY) -> int:
@@ -76,6 +97,11 @@ class Lockstep:
                 raise LockstepError(
                     f"step {self.n_steps}, session {g.session}: sampled {g.token}, the "
                     f"reference sampled {e.token}"
+                )
+            if g.forks != e.forks:
+                raise LockstepError(
+                    f"step {self.n_steps}, session {g.session}: forked (session, token) "
+                    f"{g.forks}, the reference {e.forks}"
                 )
         self._check_tables(f"step {self.n_steps}")
         self.n_steps += 1

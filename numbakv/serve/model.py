@@ -3,12 +3,13 @@
 RMSNorm, rotary position embedding at the step's positions, grouped-query attention
 through `cache.write` / `cache.attend` (reference or device: anything with the API of
 SPEC §8), a SwiGLU MLP and per-layer windows (global and sliding layers mixed). Weights
-come from a seed or an `.npz`; the tokenizer is bytes. float32 throughout; no numba.
+come from a seed or an `.npz`; the vocabulary is `ModelConfig.vocab_size` tokens (256 by
+default, the byte tokenizer's). float32 throughout; no numba.
 
     model = Model.from_seed(ModelConfig(), seed=0)
     cache.declare_step([a] * 5)
     step = cache.prepare_step()
-    logits = model.forward(cache, step, encode("hello"), rows=[4])   # [1, 256] float32
+    logits = model.forward(cache, step, encode("hello"), rows=[4])   # [1, vocab_size] float32
 """
 
 from dataclasses import asdict, dataclass
@@ -19,17 +20,10 @@ from numbakv.checks import as_host
 from numbakv.config import CacheConfig, int_at_least
 from numbakv.errors import ConfigError, StepError
 
-VOCAB_SIZE = 256  # the byte-level tokenizer's vocabulary
-
-
-def encode(text: str) -> list[int]:
-    """The UTF-8 bytes of `text`, one token each."""
-    return list(text.encode("utf-8"))
-
-
-def decode(tokens) -> str:
-    """The text of byte tokens; invalid UTF-8 becomes U+FFFD."""
-    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+# re-exported for code of numbakv 0.1 (`from numbakv.model import decode`); see tokenizer
+from numbakv.serve.tokenizer import VOCAB_SIZE as VOCAB_SIZE
+from numbakv.serve.tokenizer import decode as decode
+from numbakv.serve.tokenizer import encode as encode
 
 
 @dataclass(frozen=True)
@@ -43,6 +37,7 @@ class ModelConfig:
     d_ff       : hidden width of the SwiGLU MLP
     windows    : per layer, 0 = global, W > 0 = sliding window of W positions
     rope_theta : rotary base; norm_eps: RMSNorm epsilon
+    vocab_size : tokens are ids in [0, vocab_size); logits are [vocab_size] float32
     """
 
     d_model: int = 32
@@ -53,9 +48,10 @@ class ModelConfig:
     windows: tuple[int, ...] = (0, 8)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    vocab_size: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+        for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
             object.__setattr__(self, name, int_at_least(name, getattr(self, name), 1))
         windows = tuple(int_at_least("window", w, 0) for w in self.windows)
         if not windows:
@@ -91,8 +87,8 @@ class ModelConfig:
 class Model:
     """The decoder's weights and its forward through a cell cache.
 
-    weights : name -> float32 array; "embed" [vocab, d_model], "final_norm" [d_model],
-              "lm_head" [d_model, vocab], and per layer i "layers.i.attn_norm" [d_model],
+    weights : name -> float32 array; "embed" [vocab_size, d_model], "final_norm" [d_model],
+              "lm_head" [d_model, vocab_size], and per layer i "layers.i.attn_norm" [d_model],
               "layers.i.wq" [d_model, n_heads*head_dim], "layers.i.wk" and
               "layers.i.wv" [d_model, n_kv_heads*head_dim], "layers.i.wo"
               [n_heads*head_dim, d_model], "layers.i.mlp_norm" [d_model],
@@ -132,7 +128,8 @@ class Model:
 
     @classmethod
     def load(cls, path) -> "Model":
-        """A model saved by `save`."""
+        """A model saved by `save`; a file written before `vocab_size` was saved has the
+        default vocabulary (256)."""
         with np.load(path) as data:
             arrays = {name: data[name] for name in data.files}
         fields = {
@@ -147,19 +144,21 @@ class Model:
         np.savez(path, **config, **self.weights)
 
     def forward(self, cache, step, tokens, rows) -> np.ndarray:
-        """[len(rows), vocab] float32: the logits of the step's rows `rows`.
+        """[len(rows), vocab_size] float32: the logits of the step's rows `rows`.
 
         cache  : a cell cache with `step` prepared (reference or device); every layer's K/V
                  of the step is written into it
         step   : the prepared `Step`; its positions drive the rotary embedding
-        tokens : [step.width] int, the step's tokens (any valid token on padded rows)
+        tokens : [step.width] int in [0, vocab_size), the step's tokens (any valid token on
+                 padded rows)
         rows   : int indices into [0, step.width) whose logits are wanted
         """
         cfg, w = self.config, self.weights
         tokens = np.asarray(tokens)
-        if tokens.shape != (step.width,) or not np.all((tokens >= 0) & (tokens < VOCAB_SIZE)):
+        is_valid = np.all((tokens >= 0) & (tokens < cfg.vocab_size))
+        if tokens.shape != (step.width,) or not is_valid:
             raise StepError(
-                f"tokens must be [{step.width}] ints in [0, {VOCAB_SIZE}), got {tokens}"
+                f"tokens must be [{step.width}] ints in [0, {cfg.vocab_size}), got {tokens}"
             )
         cos, sin = self._rotary(np.maximum(step.positions, 0))
         x = w["embed"][tokens]  # [width, d_model]
@@ -192,7 +191,8 @@ class Model:
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every weight's name and shape (see `Model`)."""
     d, hd = config.d_model, config.head_dim
-    shapes = {"embed": (VOCAB_SIZE, d), "final_norm": (d,), "lm_head": (d, VOCAB_SIZE)}
+    vocab = config.vocab_size
+    shapes = {"embed": (vocab, d), "final_norm": (d,), "lm_head": (d, vocab)}
     for i in range(config.n_layers):
         p = f"layers.{i}."
         shapes |= {

@@ -207,6 +207,8 @@ class DeviceMachine(RuleBasedStateMachine):
     def same_state(self):
         if hasattr(self, "device"):
             assert_same(self.device, self.reference)
+            self.device.check_invariants()
+            self.reference.check_invariants()
 
 
 TestDeviceMachine = DeviceMachine.TestCase

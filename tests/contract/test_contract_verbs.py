@@ -1,21 +1,21 @@
-"""The verbs of SPEC §2: each effect, each refusal (nothing changed), and the worked cases."""
+"""The verbs of SPEC §2 on both implementations: each effect, each refusal (nothing changed),
+and the worked cases."""
 
 import numpy as np
 import pytest
 
 from numbakv.errors import CapacityError, SequenceError, StepError
-from numbakv.reference import CellCache
 
-from helpers import full_state, small_config, step_with
+from helpers import full_state, step_with
 
 
-def owners(cache: CellCache) -> list[list[int]]:
+def owners(cache) -> list[list[int]]:
     """Owner ids of each cell in [0, read_len)."""
     snap = cache.snapshot()
     return [snap.owners_of(c) for c in range(snap.read_len)]
 
 
-def positions(cache: CellCache) -> list[int]:
+def positions(cache) -> list[int]:
     return cache.snapshot().pos.tolist()
 
 
@@ -134,8 +134,8 @@ def test_removed_hole_refills_first(cache):
     assert step.cells.tolist() == [0] and cache.read_len == 4
 
 
-def test_window_two_sees_only_previous_position():
-    cache = CellCache(small_config(windows=(2, 2)))
+def test_window_two_sees_only_previous_position(impl):
+    cache = impl.cache(windows=(2, 2))
     a = cache.seq_new()
     step = step_with(cache, [a] * 4)
     expect = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]], np.uint8)
@@ -145,18 +145,17 @@ def test_window_two_sees_only_previous_position():
 # -- bitsets -----------------------------------------------------------------------
 
 
-def fill_every_id(max_seqs: int) -> CellCache:
+def fill_every_id(impl, max_seqs: int):
     """A cache where every id is live and sequence s holds one token in cell s."""
-    config = small_config(max_seqs=max_seqs, capacity=2 * max_seqs, max_width=2, initial_cells=1)
-    cache = CellCache(config)
+    cache = impl.cache(max_seqs=max_seqs, capacity=2 * max_seqs, max_width=2, initial_cells=1)
     for _ in range(max_seqs):
         step_with(cache, [cache.seq_new()])
     return cache
 
 
 @pytest.mark.parametrize("max_seqs", [1, 64, 65, 200])
-def test_every_id_owns_its_cell(max_seqs):
-    cache = fill_every_id(max_seqs)
+def test_every_id_owns_its_cell(impl, max_seqs):
+    cache = fill_every_id(impl, max_seqs)
     snap = cache.snapshot()
     assert snap.owners.shape == (max_seqs, -(-max_seqs // 64))
     assert [snap.owners_of(c) for c in range(max_seqs)] == [[s] for s in range(max_seqs)]
@@ -166,8 +165,8 @@ def test_every_id_owns_its_cell(max_seqs):
 
 
 @pytest.mark.parametrize("max_seqs", [64, 65, 200])
-def test_clone_of_the_highest_id_shares_its_cell(max_seqs):
-    cache = fill_every_id(max_seqs)
+def test_clone_of_the_highest_id_shares_its_cell(impl, max_seqs):
+    cache = fill_every_id(impl, max_seqs)
     last = max_seqs - 1
     cache.seq_rm(0)
     assert cache.seq_clone(last) == 0
@@ -180,7 +179,7 @@ def test_clone_of_the_highest_id_shares_its_cell(max_seqs):
 # -- refusals: the right error, and nothing changed --------------------------------
 
 
-def refusals(cache: CellCache):
+def refusals(cache):
     """(label, call, error) for every refusal of SPEC §2 on a cache holding a, b."""
     a, b = 0, 1
     return [
@@ -205,8 +204,8 @@ def refusals(cache: CellCache):
 
 
 @pytest.mark.parametrize("index", range(17))
-def test_refusal_changes_nothing(index):
-    cache = CellCache(small_config())
+def test_refusal_changes_nothing(impl, index):
+    cache = impl.cache()
     a, b = cache.seq_new(), cache.seq_new()
     step_with(cache, [a, a, a, b])
     cache.seq_rm(cache.seq_new())  # a released id, 2, below the dead id 3
@@ -217,8 +216,8 @@ def test_refusal_changes_nothing(index):
     assert full_state(cache) == before, label
 
 
-def test_declare_more_than_free_cells_changes_nothing():
-    cache = CellCache(small_config(capacity=8, initial_cells=8))
+def test_declare_more_than_free_cells_changes_nothing(impl):
+    cache = impl.cache(capacity=8, initial_cells=8)
     a = cache.seq_new()
     step_with(cache, [a] * 6)
     before = full_state(cache)
@@ -229,8 +228,8 @@ def test_declare_more_than_free_cells_changes_nothing():
     assert cache.free_cells == 0
 
 
-def test_seq_new_refused_when_every_id_is_live():
-    cache = CellCache(small_config(max_seqs=2))
+def test_seq_new_refused_when_every_id_is_live(impl):
+    cache = impl.cache(max_seqs=2)
     cache.seq_new(), cache.seq_new()
     before = full_state(cache)
     with pytest.raises(CapacityError, match="all 2 sequence ids are live"):

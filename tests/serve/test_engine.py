@@ -92,6 +92,25 @@ def test_n_samples_share_the_prompt_and_equal_solo_runs_with_their_seeds():
     assert done.finish_reasons == ["length"] * 3 and cache.used_cells == 0
 
 
+class NoCloneOrSample:
+    """An executor whose `clone` and `sample` the engine must not reach."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+
+    def __getattr__(self, name):
+        if name in ("clone", "sample"):
+            raise AssertionError(f"the engine called executor.{name}")
+        return getattr(self.executor, name)
+
+
+def test_the_engine_leaves_sampling_and_cloning_to_execute():
+    engine = Engine(NoCloneOrSample(executor()))
+    done = engine.generate(["n = 3"], max_new_tokens=3, sampling=Sampling(1.0, seed=4), n=3)[0]
+    for i, tokens in enumerate(done.tokens):
+        assert tokens == solo_generate(MODEL, encode("n = 3"), 3, Sampling(1.0, seed=4 + i))[0]
+
+
 def test_generate_on_the_reference_matches_solo_and_streams_in_order():
     engine = Engine(executor())
     prompts = [encode(p) for p in PROMPTS[:4]]
@@ -239,6 +258,14 @@ def test_lockstep_passes_equal_executors_and_catches_a_different_one():
     other = Lockstep(executor(), executor(model=tiny_model(seed=2)))
     with pytest.raises(LockstepError, match="logits differ"):
         Engine(other).generate(["lockstep"], max_new_tokens=3)
+
+
+def test_lockstep_compares_forks():
+    lockstep = Lockstep(executor(), executor())
+    session = lockstep.open_session()
+    lockstep.reference.open_session()  # the reference's next free id is one higher
+    with pytest.raises(LockstepError, match="forked"):
+        lockstep.execute([Input(session, 0, [1, 2], forks=(Sampling(),))])
 
 
 def test_lockstep_refusals_must_agree():

@@ -1,4 +1,5 @@
-"""`Executor`: sessions, batches cut into forwards, rewinds, and refusals that change nothing."""
+"""`Executor`: sessions, batches cut into forwards, rewinds, forks, any vocabulary, and
+refusals that change nothing."""
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from numbakv.reference import CellCache
 from numbakv.serve.executor import Executor, Input
 from numbakv.serve.model import encode
 from numbakv.serve.plan import plan_slices
-from numbakv.serve.sampling import Sampling
+from numbakv.serve.sampling import GREEDY, Sampling, sample_token
 
 from helpers import FlakyAllocator, dense_logits, full_state, solo_generate, tiny_model
 
@@ -105,6 +106,73 @@ def test_clone_shares_cells_and_closing_frees_them():
     assert ex.cache.used_cells == 0 and ex.free_sessions == 4
 
 
+def test_forks_clone_after_the_input_and_sample_from_its_logits():
+    ex = make()
+    a, b, c = ex.open_session(), ex.open_session(), ex.open_session()
+    ex.close_session(b)  # free ids: 1, then 3
+    forks = (Sampling(temperature=1.0, seed=7), Sampling(temperature=0.7, top_k=5, seed=8))
+    before = ex.cache.used_cells
+    out = ex.execute(
+        [Input(a, 0, [1, 2, 3], forks=forks), Input(c, 0, [9, 9]), Input(a, 3, [4, 5])]
+    )
+    assert [session for session, _ in out[0].forks] == [1, 3]  # lowest free ids, in order
+    for (clone, token), sampling in zip(out[0].forks, forks, strict=True):
+        assert token == sample_token(out[0].logits, sampling, sampling.generator())
+        assert ex.length(clone) == 3  # after the input's last token, not the session's
+    assert out[1].forks == out[2].forks == ()
+    assert ex.cache.used_cells == before + 7  # the clones copied nothing
+    # a clone goes on with its own sampling and generator, one draw already made
+    clone, sampling = out[0].forks[0][0], forks[0]
+    rng = sampling.generator()
+    sample_token(out[0].logits, sampling, rng)
+    nxt = ex.execute([Input(clone, 3, [6])])[0]
+    assert nxt.token == sample_token(nxt.logits, sampling, rng)
+    expect = solo_generate(MODEL, [1, 2, 3, 6], 1)[1][0]
+    np.testing.assert_allclose(nxt.logits, expect, rtol=1e-5, atol=1e-4)
+
+
+def test_forks_equal_clone_then_sample():
+    forks = tuple(Sampling(temperature=0.9, seed=s) for s in (3, 4, 5))
+    forked, cloned = make(), make()
+    for ex in (forked, cloned):
+        ex.open_session(Sampling(temperature=0.9, seed=2))
+    out = forked.execute([Input(0, 0, encode("one prompt"), forks=forks)])[0]
+    ref = cloned.execute([Input(0, 0, encode("one prompt"))])[0]
+    by_hand = []
+    for sampling in forks:
+        clone = cloned.clone(0, sampling=sampling)
+        by_hand.append((clone, cloned.sample(clone, ref.logits)))
+    assert (out.token, out.forks) == (ref.token, tuple(by_hand))
+    assert forked.cache.snapshot() == cloned.cache.snapshot()
+    assert state(forked) == state(cloned)  # the same cache, sessions and generator states
+
+
+@pytest.mark.parametrize(
+    "batch, error, match",
+    [
+        ([("a", 5, [1], 3)], CapacityError, "forks 3 sessions, 2 of max_sessions=4"),
+        ([("a", 2, [1], 1), ("b", 2, [1], 2)], CapacityError, "forks 3"),
+        ([("a", 2, [1], 1, False)], StepError, "sample=True"),
+        ([("a", 2, [1], "greedy")], StepError, "tuple of Sampling"),
+        ([("a", 2, [1], ("greedy",))], StepError, "tuple of Sampling"),
+        ([("b", 0, [1], 1), ("a", 5, [300], 1)], StepError, r"\[0, 256\)"),
+    ],
+)
+def test_refused_forks_change_nothing(batch, error, match):
+    ex = make()
+    a, b = ex.open_session(Sampling(temperature=1.0, seed=1)), ex.open_session()
+    ex.execute([Input(a, 0, [1, 2, 3, 4, 5]), Input(b, 0, [6, 7])])
+    names = {"a": a, "b": b}
+    before = state(ex)
+    inputs = []
+    for session, position, tokens, forks, *sample in batch:
+        forks = (GREEDY,) * forks if isinstance(forks, int) else forks
+        inputs.append(Input(names[session], position, tokens, *sample, forks=forks))
+    with pytest.raises(error, match=match):  # the rewinds of `a` and `b` are not applied
+        ex.execute(inputs)
+    assert state(ex) == before
+
+
 def test_session_limits():
     ex = make(max_sessions=2)
     a = ex.open_session()
@@ -170,8 +238,9 @@ def test_a_failed_growth_rewinds_the_batch():
     ex.execute([Input(a, 0, [1, 2, 3])])
     allocator.fail_after = 0
     with pytest.raises(AllocationError):  # the second forward must grow past 4 rows
-        ex.execute([Input(a, 1, [5]), Input(b, 0, [1, 2, 3, 4, 5])])
+        ex.execute([Input(a, 1, [5], forks=(GREEDY,)), Input(b, 0, [1, 2, 3, 4, 5])])
     assert (ex.length(a), ex.length(b)) == (1, 0)  # back to where the inputs start
+    assert ex.sessions == [a, b]  # and the fork was never made
     allocator.fail_after = None
     out = ex.execute([Input(a, 1, [2, 3])])[0]
     np.testing.assert_allclose(out.logits, solo_generate(MODEL, [1, 2, 3], 1)[1][0], 1e-5, 1e-4)
@@ -205,12 +274,20 @@ def test_refuses_a_cache_in_use():
         Executor(MODEL, cache, 2, 32)
 
 
+REFUSALS = {
+    "gap": (SequenceError, "gap"),
+    "overlap": (SequenceError, "overlaps"),
+    "past budget": (CapacityError, "max_session_tokens=12"),
+    "forks": (CapacityError, "forks"),
+}
+
+
 class SessionMachine(RuleBasedStateMachine):
     """Random sessions, clones, closes and batches (appends, rewinds, several inputs of one
-    session) through an executor on the reference cache. Each session's tokens are modelled
-    here, each token with an identity that clones share: every output's logits must equal
-    the dense model over the session's tokens (no cache), `used_cells` the number of
-    distinct identities, and a refused batch must change nothing."""
+    session, forks) through an executor on the reference cache. Each session's tokens are
+    modelled here, each token with an identity that clones and forks share: every output's
+    logits must equal the dense model over the session's tokens (no cache), `used_cells` the
+    number of distinct identities, and a refused batch must change nothing."""
 
     model = tiny_model(seed=5, windows=(0, 3))
 
@@ -244,7 +321,7 @@ class SessionMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def execute(self, data):
-        batch, ends = [], {}
+        batch, ends, n_free = [], {}, 4 - len(self.held)
         for session in data.draw(
             st.lists(st.sampled_from(sorted(self.held)), min_size=1, max_size=4)
         ):
@@ -252,7 +329,11 @@ class SessionMachine(RuleBasedStateMachine):
             if start is None:
                 start = data.draw(st.integers(0, len(self.held[session])))
             tokens = data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=4))
-            batch.append(Input(session, start, tokens, sample=data.draw(st.booleans())))
+            is_sampled = data.draw(st.booleans())
+            seeds = data.draw(st.lists(st.integers(0, 9), max_size=n_free if is_sampled else 0))
+            n_free -= len(seeds)
+            forks = tuple(Sampling(temperature=1.0, seed=seed) for seed in seeds)
+            batch.append(Input(session, start, tokens, sample=is_sampled, forks=forks))
             ends[session] = start + len(tokens)
         if max(ends.values()) > 12:
             before = state(self.ex)
@@ -267,19 +348,31 @@ class SessionMachine(RuleBasedStateMachine):
             expect = dense_logits(self.model, [t for t, _ in self.held[x.session]])[-1]
             np.testing.assert_allclose(out.logits, expect, rtol=1e-4, atol=1e-4)
             assert (out.token is None) != x.sample
+            assert len(out.forks) == len(x.forks)
+            for (clone, token), sampling in zip(out.forks, x.forks, strict=True):
+                assert clone == min(set(range(4)) - set(self.held))  # the lowest free id
+                assert token == sample_token(out.logits, sampling, sampling.generator())
+                self.held[clone] = list(self.held[x.session])  # shares the identities
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data(), kind=st.sampled_from(["gap", "overlap"]))
+    @rule(data=st.data(), kind=st.sampled_from(["gap", "overlap", "past budget", "forks"]))
     def refused(self, data, kind):
         session = data.draw(st.sampled_from(sorted(self.held)))
         length = len(self.held[session])
         if kind == "gap":
             batch = [Input(session, length + data.draw(st.integers(1, 3)), [1])]
-        else:
-            start = data.draw(st.integers(0, length))
+        elif kind == "overlap":  # the first input fits the budget: only the overlap is wrong
+            start = data.draw(st.integers(0, min(length, 12 - 2)))
             batch = [Input(session, start, [1, 2]), Input(session, start + 1, [3])]
+        elif kind == "past budget":  # a valid start, one to three positions too many
+            start = data.draw(st.integers(0, length))
+            batch = [Input(session, start, [1] * (12 - start + data.draw(st.integers(1, 3))))]
+        else:  # one fork more than there are free sessions
+            n_forks = 4 - len(self.held) + 1
+            batch = [Input(session, min(length, 11), [1], forks=(GREEDY,) * n_forks)]
+        error, match = REFUSALS[kind]
         before = state(self.ex)
-        with pytest.raises(SequenceError, match=kind):
+        with pytest.raises(error, match=match):
             self.ex.execute(batch)
         assert state(self.ex) == before
 
@@ -290,6 +383,7 @@ class SessionMachine(RuleBasedStateMachine):
             assert self.ex.length(session) == len(held)
         identities = {i for held in self.held.values() for _, i in held}
         assert self.ex.cache.used_cells == len(identities)
+        self.ex.cache.check_invariants()
 
     def _identity(self) -> int:
         self.n_identities += 1

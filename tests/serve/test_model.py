@@ -1,11 +1,12 @@
-"""`numbakv.model`: the decoder through a cell cache equals the same decoder without one."""
+"""`numbakv.serve.model`: the decoder through a cell cache equals the same decoder without
+one, at any vocabulary size; save and load."""
 
 import numpy as np
 import pytest
 
 from numbakv.errors import ConfigError, StepError
 from numbakv.reference import CellCache
-from numbakv.serve.model import Model, ModelConfig, decode, encode, rotate
+from numbakv.serve.model import Model, ModelConfig, encode, rotate, weight_shapes
 
 from helpers import dense_logits, step_with, tiny_model
 
@@ -59,6 +60,24 @@ def test_rows_select_and_padding_is_ignored():
     np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-4)
 
 
+def test_another_vocabulary_sizes_the_weights_and_the_logits():
+    model = tiny_model(vocab_size=40)
+    assert model.weights["embed"].shape == (40, 16) and model.weights["lm_head"].shape == (16, 40)
+    tokens = [39, 0, 12, 7, 39]
+    cache = new_cache(model)
+    step = step_with(cache, [cache.seq_new()] * len(tokens))
+    got = model.forward(cache, step, tokens, np.arange(len(tokens)))
+    assert got.shape == (5, 40)
+    np.testing.assert_allclose(got, dense_logits(model, tokens), rtol=1e-5, atol=1e-4)
+    with pytest.raises(StepError, match=r"\[0, 40\)"):
+        model.forward(cache, step, [1, 2, 3, 4, 40], [0])
+
+
+def test_the_default_vocabulary_is_the_bytes():
+    assert ModelConfig().vocab_size == 256
+    assert weight_shapes(ModelConfig())["embed"] == (256, 32)
+
+
 def test_forward_refuses_wrong_tokens():
     model = tiny_model()
     cache = new_cache(model)
@@ -86,15 +105,29 @@ def test_rotary_scores_depend_only_on_distance():
     np.testing.assert_array_equal(rotate(x, *model._rotary(np.zeros(5, int))), x)
 
 
-def test_save_and_load_round_trip(tmp_path):
-    model = tiny_model(seed=3, windows=(0, 2, 5))
+@pytest.mark.parametrize("vocab_size", [256, 50])
+def test_save_and_load_round_trip(tmp_path, vocab_size):
+    model = tiny_model(seed=3, windows=(0, 2, 5), vocab_size=vocab_size)
     model.save(tmp_path / "m.npz")
     loaded = Model.load(tmp_path / "m.npz")
-    assert loaded.config == model.config
+    assert loaded.config == model.config and loaded.config.vocab_size == vocab_size
     assert loaded.weights.keys() == model.weights.keys()
     for name, w in model.weights.items():
         np.testing.assert_array_equal(loaded.weights[name], w)
-    tokens = encode("round trip")
+    tokens = [t % vocab_size for t in encode("round trip")]
+    np.testing.assert_array_equal(dense_logits(loaded, tokens), dense_logits(model, tokens))
+
+
+def test_a_file_saved_before_vocab_size_loads_with_256(tmp_path):
+    model = tiny_model(seed=4)
+    model.save(tmp_path / "new.npz")
+    with np.load(tmp_path / "new.npz") as data:
+        old = {name: data[name] for name in data.files if name != "config.vocab_size"}
+    assert "config.d_model" in old  # the file is as numbakv 0.2 wrote it, less the field
+    np.savez(tmp_path / "old.npz", **old)
+    loaded = Model.load(tmp_path / "old.npz")
+    assert loaded.config == model.config and loaded.config.vocab_size == 256
+    tokens = encode("old file")
     np.testing.assert_array_equal(dense_logits(loaded, tokens), dense_logits(model, tokens))
 
 
@@ -113,6 +146,8 @@ def test_seeds_give_different_weights():
         (dict(windows=(0, -1)), "window"),
         (dict(rope_theta=1.0), "rope_theta"),
         (dict(d_ff=0), "d_ff"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(vocab_size=2.5), "vocab_size"),
     ],
 )
 def test_model_config_refusals(fields, match):
@@ -140,11 +175,3 @@ def test_cache_config_carries_the_geometry():
         6,
         (0, 0, 9),
     )
-
-
-def test_byte_tokenizer_round_trip():
-    text = "cells — ünïcode ✓"
-    assert decode(encode(text)) == text
-    assert len(encode(text)) == len(text.encode("utf-8"))
-    assert all(0 <= t < 256 for t in encode(text))
-    assert decode([0xFF, ord("a")]) == "\ufffda"

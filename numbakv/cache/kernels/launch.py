@@ -53,13 +53,6 @@ def attention_grid(*sizes: int) -> tuple[tuple[int, ...], int]:
     return grid, ATTN_THREADS
 
 
-def flat_attention_grid(n_items: int) -> tuple[int, int]:
-    """(blocks, threads) of an element-wise kernel of the attention path (the merge)."""
-    if IS_SIMULATOR:
-        return 1, min(SIM_ATTN_THREADS, n_items)
-    return max(1, min(-(-n_items // ATTN_THREADS), BLOCKS_PER_SM * n_sms())), ATTN_THREADS
-
-
 def check_extent(name: str, n: int, *sizes: int) -> None:
     """Raises ValueError unless 0 <= n <= every size: a launch must stay inside its arrays."""
     if not 0 <= n <= min(sizes):

@@ -23,6 +23,7 @@ from numbakv.cache.kernels.attention.tiles import (
     LO,
     PARTIALS,
     STORAGE,
+    TOKEN_ROWS,
     Q,
     T,
 )
@@ -54,11 +55,11 @@ def make_decode(token, flags):
         m_s = cuda.shared.array(DECODE_ROWS, np.float32)
         l_s = cuda.shared.array(DECODE_ROWS, np.float32)
         alpha_s = cuda.shared.array(DECODE_ROWS, np.float32)
-        tok_s = cuda.shared.array((4, 1), np.int32)
+        tok_s = cuda.shared.array((TOKEN_ROWS, 1), np.int32)
         head_dim = k_pool.shape[2]
         group = q.shape[1] // k_pool.shape[1]
         n_hb = min(group, DECODE_ROWS)
-        n_head_blocks = k_pool.shape[1] * ((group + n_hb - 1) // n_hb)
+        n_head_blocks = tiles.n_head_blocks(q.shape[1], k_pool.shape[1], n_hb)
         for t in range(cuda.blockIdx.z, width, cuda.gridDim.z):
             key, lo, hi = token(view, t)
             for hy in range(cuda.blockIdx.y, n_head_blocks, cuda.gridDim.y):
@@ -71,6 +72,7 @@ def make_decode(token, flags):
                         tok_s[LO, 0] = start
                         tok_s[HI, 0] = end
                     cuda.syncthreads()
+                    # one token: every row is a head, so n_rows heads per token
                     tiles.start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_rows, h0, head_dim)
                     for j0 in range(start, end, DECODE_TILE):
                         if flags(view, ok_s, cell_s, tok_s, 1, key, j0, k_pool.shape[0]):

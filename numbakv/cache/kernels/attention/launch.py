@@ -24,12 +24,7 @@ from numbakv.cache.kernels.attention.tiles import (
     PREFILL_ROWS,
     STORAGE,
 )
-from numbakv.cache.kernels.launch import (
-    attention_grid,
-    check_extent,
-    flat_attention_grid,
-    n_sms,
-)
+from numbakv.cache.kernels.launch import attention_grid, check_extent, launch_dims, n_sms
 
 DECODE_MAX_WIDTH = 8  # steps up to this width run the decode (split) kernels
 MIN_SPLIT_CELLS = 2 * DECODE_TILE  # a split's cells, at least (when there is more than one)
@@ -101,8 +96,8 @@ def launch_attend_masked(
     check_extent("width", width, len(q), len(out), mask.shape[0])
     check_extent("read_len", read_len, mask.shape[1], k_pool.shape[0])
     view = (mask, np.int32(read_len))
-    _launch(MASKED, view, q, k_pool, v_pool, width, scale, out, stream, kernel, n_splits,
-            workspace, read_len)  # fmt: skip
+    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=read_len)
+    _launch(MASKED, view, q, k_pool, v_pool, width, scale, out, stream, **shape)
 
 
 def launch_attend_gathered(
@@ -137,16 +132,16 @@ def launch_attend_gathered(
     if max_len is None:
         max_len = min(window, seq_cells.shape[1]) if window > 0 else seq_cells.shape[1]
     view = (seq_cells, seq_ids, positions, np.int32(window))
-    _launch(GATHERED, view, q, k_pool, v_pool, width, scale, out, stream, kernel, n_splits,
-            workspace, max_len)  # fmt: skip
+    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=max_len)
+    _launch(GATHERED, view, q, k_pool, v_pool, width, scale, out, stream, **shape)
 
 
 def _launch(
-    kernels, view, q, k_pool, v_pool, width, scale, out, stream, kernel, n_splits, workspace,
+    kernels, view, q, k_pool, v_pool, width, scale, out, stream, *, kernel, n_splits, workspace,
     max_len,
 ) -> None:  # fmt: skip
-    """Runs the (decode, prefill) pair `kernels` over `view`: one prefill launch, or a decode
-    launch of n_splits splits per token and the merge."""
+    """Runs the (decode, prefill) pair `kernels` over `view` (a view of `views`): one prefill
+    launch, or a decode launch of n_splits splits per token and the merge."""
     if width == 0:
         return
     decode, prefill = kernels
@@ -162,7 +157,7 @@ def _launch(
     decode[grid, threads, stream](
         q, k_pool, v_pool, view, np.int32(width), scale, np.int32(n_splits), *partials
     )
-    blocks, threads = flat_attention_grid(width * n_heads * head_dim)
+    blocks, threads = launch_dims(width * n_heads * head_dim)
     merge_splits[blocks, threads, stream](*partials, np.int32(width), np.int32(n_splits), out)
 
 

@@ -24,6 +24,7 @@ from numbakv.cache.kernels.attention.tiles import (
     PREFILL_ROWS,
     PREFILL_TILE,
     STORAGE,
+    TOKEN_ROWS,
     Q,
     T,
 )
@@ -75,14 +76,14 @@ def make_prefill(token, flags):
         m_s = cuda.shared.array(PREFILL_ROWS, np.float32)
         l_s = cuda.shared.array(PREFILL_ROWS, np.float32)
         alpha_s = cuda.shared.array(PREFILL_ROWS, np.float32)
-        tok_s = cuda.shared.array((4, MAX_TOKENS), np.int32)
+        tok_s = cuda.shared.array((TOKEN_ROWS, MAX_TOKENS), np.int32)
         is_todo_s = cuda.shared.array(MAX_TOKENS, np.uint8)
         sweep_s = cuda.shared.array(3, np.int32)  # key, first and end index of a sweep
         head_dim = k_pool.shape[2]
         group = q.shape[1] // k_pool.shape[1]
         n_hb = min(group, PREFILL_ROWS)
         n_tb = PREFILL_ROWS // n_hb  # tokens per block
-        n_head_blocks = k_pool.shape[1] * ((group + n_hb - 1) // n_hb)
+        n_head_blocks = tiles.n_head_blocks(q.shape[1], k_pool.shape[1], n_hb)
         n_token_blocks = (width + n_tb - 1) // n_tb
         for hy in range(cuda.blockIdx.y, n_head_blocks, cuda.gridDim.y):
             kv_head, h0, n_heads_here = tiles.heads_of(hy, group, n_hb)

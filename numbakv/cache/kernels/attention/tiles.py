@@ -2,7 +2,7 @@
 
 Rows of a block: row r is token k = r // n_hb of the block (its step row tok_s[T, k]) and
 query head h0 + r % n_hb; n_rows = n_tok * n_hb. Arrays suffixed _s live in shared memory.
-Per block the token table `tok_s` ([4, MAX_TOKENS] int32) holds, per token k: T its step
+Per block the token table `tok_s` ([TOKEN_ROWS, tokens] int32) holds, per token k: T its step
 row, KEY the sequence whose sweep indices it reads (0 for every token of a masked view),
 and [LO, HI) the sweep indices it may see (`views`).
 
@@ -26,6 +26,7 @@ PREFILL_TILE = 16  # cells per K/V tile of the prefill kernels
 PREFILL_ROWS = 16  # query rows (tokens x heads) per prefill block
 MAX_TOKENS = PREFILL_ROWS  # tokens per block, at most (one head each)
 T, KEY, LO, HI = 0, 1, 2, 3  # rows of the token table tok_s
+TOKEN_ROWS = 4  # ... of which there are four
 
 NEG_BIG = np.float32(-3.0e38)  # the running max before any cell: finite, so exp(m_old - m_new)
 # never sees inf - inf (and the simulator never exp(-inf))
@@ -34,6 +35,13 @@ ZERO = np.float32(0.0)
 STORAGE = ("float32", "float16")  # storage dtypes every kernel compiles for
 Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
+
+
+@device_function
+def n_head_blocks(n_heads, n_kv_heads, n_hb):
+    """Head blocks of a grid: KV heads x chunks of at most n_hb query heads of one group."""
+    group = n_heads // n_kv_heads
+    return n_kv_heads * ((group + n_hb - 1) // n_hb)
 
 
 @device_function

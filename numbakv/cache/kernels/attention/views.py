@@ -32,14 +32,15 @@ GATHERED_VIEW = "Tuple((int32[:, ::1], int32[::1], int32[::1], int32))"  # seq_c
 @device_function
 def masked_token(view, t):
     """Every token sweeps [0, read_len) of key 0."""
-    return 0, 0, view[1]
+    _, read_len = view
+    return 0, 0, read_len
 
 
 @device_function
 def masked_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     """Token k sees cell c = j0 + jj inside its [LO, HI) where its mask bit is set."""
     # mask: [max_width, capacity] uint8  ok_s: [tokens, tile] uint8  cell_s: [tile] int32
-    mask = view[0]
+    mask, _ = view
     tile = cell_s.shape[0]
     is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
     for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):
@@ -58,7 +59,8 @@ def masked_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
 @device_function
 def gathered_token(view, t):
     """Token t of sequence s at position p sweeps [window start, p + 1) of key s."""
-    seq, p, window = view[1][t], view[2][t], view[3]
+    _, seq_ids, positions, window = view
+    seq, p = seq_ids[t], positions[t]
     if seq < 0:  # padding: an empty range, output 0
         return 0, 0, 0
     lo = max(0, p - window + 1) if window > 0 else 0
@@ -70,7 +72,7 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     """Token k of sequence `key` sees position j = j0 + jj inside its [LO, HI), in cell
     seq_cells[key, j], which is read only when some token needs it."""
     # seq_cells: [max_seqs, max_seq_len] int32  ok_s: [tokens, tile] uint8
-    seq_cells = view[0]
+    seq_cells, _, _, _ = view
     tile = cell_s.shape[0]
     is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
     for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):
