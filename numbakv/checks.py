@@ -1,5 +1,9 @@
 """Argument checks both implementations share: each raises the error of SPEC §6 or returns
-the checked value. Pure: they read the table, never change it."""
+the checked value. Pure: they read the table, never change it.
+
+They are the one piece of the refusal path the two caches share (SPEC §7 allows it), so a
+differential test cannot see a bug in them; `tests/contract/` holds each refusal, and the
+order of the checks, to a fixed expected error on both caches instead."""
 
 import operator
 

@@ -209,9 +209,9 @@ class HostTable:
         cell cells[i]: its position and owner bit, appended to s's cells.
         """
         seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int32)
-        positions = _positions_of(seq_ids, self._segments.seg[arena.LEN], self._scratch)
-        self._segments.reserve(seq_ids)
         segments = self._segments
+        positions = _positions_of(seq_ids, segments.seg[arena.LEN], self._scratch)
+        segments.reserve(seq_ids)
         _claim(cells, positions, seq_ids, *self._tables(), segments.arena, segments.seg)
         return positions
 
