@@ -227,16 +227,16 @@ class HostTable:
         position).
         """
         pos, owners, live = self._pos, self._owners, self._live
+        capacity = self.config.capacity
         n_set = np.bitwise_count(owners).sum(axis=1, dtype=np.int64)
         occupied = pos >= 0
         _require(np.array_equal(occupied, n_set > 0), "a cell's position and owners disagree")
         _require(np.array_equal(n_set, self._n_owners), "n_owners differs from the bitsets")
         _require(int(occupied.sum()) == self.used_cells, "used_cells miscounted")
-        n_free = int(np.count_nonzero(level_bits(self._trees[FREE], self._offs, 0, len(pos))))
-        _require(n_free + self.used_cells == self.config.capacity, "free + used != capacity")
+        n_free = int(np.count_nonzero(level_bits(self._trees[FREE], self._offs, 0, capacity)))
+        _require(n_free + self.used_cells == capacity, "free + used != capacity")
         top = int(np.flatnonzero(occupied)[-1]) + 1 if occupied.any() else 0
         _require(top == self.read_len, f"read_len {self.read_len}, highest occupied + 1 {top}")
-        capacity = self.config.capacity
         for row, expect in ((FREE, ~occupied), (OCC, occupied)):
             bits = self._trees[row]
             is_same = np.array_equal(level_bits(bits, self._offs, 0, capacity), expect)

@@ -48,7 +48,7 @@ class ModelConfig:
     windows: tuple[int, ...] = (0, 8)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-    vocab_size: int = 256
+    vocab_size: int = VOCAB_SIZE
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
