@@ -16,7 +16,7 @@ from pathlib import Path
 
 from numbakv import _moved
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",

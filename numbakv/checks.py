@@ -1,16 +1,22 @@
 """Argument checks both implementations share: each raises the error of SPEC §6 or returns
-the checked value. Pure: they read the table, never change it.
+the checked value. Pure: they read the table, never change it, and every verb runs them
+before it changes anything.
 
 They are the one piece of the refusal path the two caches share (SPEC §7 allows it), so a
 differential test cannot see a bug in them; `tests/contract/` holds each refusal, and the
 order of the checks, to a fixed expected error on both caches instead."""
 
-import operator
+import math
+import numbers
+from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.config import CacheConfig
+from numbakv.config import CacheConfig, as_int
 from numbakv.errors import CapacityError, SequenceError, StepError
+
+SHOWN_IDS = 8  # live ids a SequenceError lists, at most
+FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
 
 
 def as_host(x) -> np.ndarray:
@@ -20,9 +26,47 @@ def as_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def host_floats(name: str, x) -> np.ndarray:
+    """x as a NumPy array of a real float dtype (float16/32/64, ml_dtypes' bfloat16), or
+    StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
+    those that require grad included) and device arrays with `copy_to_host`; refuses
+    integer, bool, complex, object and string arrays, which no cast makes into K/V."""
+    if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
+        x = x.detach()
+    try:
+        array = as_host(x)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise StepError(
+            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error}); pass a "
+            "float32 or float16 array (for a torch bfloat16 tensor: tensor.float())"
+        ) from None
+    check_float_dtype(name, array.dtype)
+    return array
+
+
+def check_float_dtype(name: str, dtype) -> None:
+    """StepError unless `dtype` is a real float dtype."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" and dtype.name not in FLOAT_NAMES:
+        raise StepError(
+            f"{name} has dtype {dtype}; K, V and q are real floats: give float32, float16, "
+            "float64 or bfloat16 values"
+        )
+
+
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
     """[n] int32 live ids, 1 <= n <= max_width, n <= free cells, no sequence past
-    max_seq_len positions; `table` is either table."""
+    max_seq_len positions; `table` is either table. `seq_ids` is a list, tuple, range or
+    1-d integer array (an iterator would be consumed by a refusal)."""
+    if isinstance(seq_ids, np.ndarray):
+        is_list = seq_ids.ndim == 1
+    else:
+        is_list = isinstance(seq_ids, Sequence) and not isinstance(seq_ids, str | bytes)
+    if not is_list:
+        raise StepError(
+            f"declare_step takes a sequence of ids, one per token (a list or a 1-d array), "
+            f"got {_short(seq_ids)}"
+        )
     seq_ids = [table.check_live(seq) for seq in seq_ids]
     n = len(seq_ids)
     if not 1 <= n <= config.max_width:
@@ -48,23 +92,25 @@ def check_width(width, n: int, max_width: int) -> int:
     """The step's width: n when None, else an int in [n, max_width]."""
     if width is None:
         return n
-    try:
-        width = operator.index(width)
-    except TypeError:
-        raise StepError(f"width must be an integer, got {width!r}") from None
+    width = as_int("width", width, StepError)
     if not n <= width <= max_width:
         raise StepError(f"width={width} must lie in [declared tokens={n}, max_width={max_width}]")
     return width
 
 
 def check_layer(layer, n_layers: int) -> int:
-    try:
-        layer = operator.index(layer)
-    except TypeError:
-        raise StepError(f"layer must be an integer, got {layer!r}") from None
+    layer = as_int("layer", layer, StepError)
     if not 0 <= layer < n_layers:
         raise StepError(f"layer={layer} is outside [0, n_layers={n_layers})")
     return layer
+
+
+def check_window(window, windows: tuple[int, ...]) -> int:
+    """`window` as an int that is one of `windows` (the cache's distinct windows)."""
+    window = as_int("window", window, StepError)
+    if window not in windows:
+        raise StepError(f"no mask for window {window}; this cache's windows are {windows}")
+    return window
 
 
 def check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
@@ -78,9 +124,25 @@ ATTENTION_MODES = ("gathered", "masked")
 def check_mode(mode) -> str:
     """An attention mode: "gathered" (read each token's own cells) or "masked" (sweep
     [0, read_len) under the window's mask); both give the same results."""
-    if mode not in ATTENTION_MODES:
+    if not isinstance(mode, str) or mode not in ATTENTION_MODES:
         raise StepError(f"mode={mode!r} is not an attention mode; give one of {ATTENTION_MODES}")
     return mode
+
+
+def check_scale(scale, head_dim: int) -> np.float32:
+    """The score scale as float32: 1 / sqrt(head_dim) when None, else a finite positive
+    real (an int or float, not a bool or a string) that stays so in float32."""
+    if scale is None:
+        return np.float32(1.0 / np.sqrt(head_dim))
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        with np.errstate(over="ignore"):
+            value = np.float32(scale)
+        if math.isfinite(value) and value > 0:
+            return value
+    raise StepError(
+        f"scale={scale!r} is not a finite positive real in float32; give a float such as "
+        f"1 / sqrt(head_dim) = {1.0 / np.sqrt(head_dim):.6g}, or None for that default"
+    )
 
 
 def check_query(shape: tuple[int, ...], width: int, config: CacheConfig) -> int:
@@ -101,26 +163,37 @@ def check_live(seq, live: np.ndarray) -> int:
 
     live : [max_seqs] bool
     """
-    try:
-        seq = operator.index(seq)
-    except TypeError:
-        raise SequenceError(f"sequence id must be an integer, got {seq!r}") from None
+    seq = as_int("sequence id", seq, SequenceError)
     if not (0 <= seq < len(live) and live[seq]):
         raise SequenceError(
-            f"sequence {seq} is not live (live ids: {np.flatnonzero(live).tolist()}); "
+            f"sequence {seq} is not live ({live_ids_text(live)}); "
             "get one from seq_new() or seq_clone()"
         )
     return seq
 
 
+def live_ids_text(live: np.ndarray) -> str:
+    """'live ids: 0, 1, 2' — at most SHOWN_IDS of them, then '… (n live)'."""
+    ids = np.flatnonzero(live)
+    if len(ids) == 0:
+        return "no sequence is live"
+    shown = ", ".join(str(i) for i in ids[:SHOWN_IDS].tolist())
+    if len(ids) > SHOWN_IDS:
+        shown += f", … ({len(ids)} live)"
+    return f"live ids: {shown}"
+
+
 def check_position(name: str, value, n: int, seq: int) -> int:
     """`value` as an int in [0, n] (sequence `seq` holds n positions), or SequenceError."""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise SequenceError(f"{name} must be an integer, got {value!r}") from None
+    value = as_int(name, value, SequenceError)
     if not 0 <= value <= n:
         raise SequenceError(
             f"{name}={value} is outside [0, {n}] for sequence {seq}, which holds {n} positions"
         )
     return value
+
+
+def _short(value) -> str:
+    """repr(value), cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

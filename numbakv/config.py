@@ -5,10 +5,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.errors import ConfigError
+from numbakv.errors import CacheError, ConfigError
 
-STORAGE_DTYPES = ("float32", "float16")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+# the arrays that hold K/V of each storage dtype: bfloat16 as its 16-bit patterns (the top
+# half of a float32), so that NumPy needs no bfloat16 type
+STORAGE_ARRAYS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 DEFAULT_INITIAL_CELLS = 256
+INT32_MAX = 2**31 - 1  # cells, positions and ids travel as int32
+# bounds no device reaches: a full pool of a tebibyte, fixed buffers of 64 GiB
+MAX_POOL_BYTES = 2**40
+MAX_FIXED_BYTES = 2**36
 
 
 @dataclass(frozen=True)
@@ -25,10 +32,14 @@ class CacheConfig:
                     positions; default all global
     initial_cells : rows of the first allocation (it may be larger if a step needs
                     more); default min(256, capacity)
-    dtype         : storage dtype of K and V, "float32" or "float16"
+    dtype         : storage dtype of K and V, "float32", "float16" or "bfloat16"
     max_seq_len   : positions one sequence may hold, which bounds the device's
                     position -> cell table [max_seqs, max_seq_len] int32 for gathered
                     attention; default capacity
+
+    Refused (ConfigError, naming the field): a field that is not an integer (bools, floats,
+    strings refused) or below its bound; a count past int32; a config whose full pool or
+    fixed buffers (`device_bytes()`) would pass MAX_POOL_BYTES or MAX_FIXED_BYTES.
     """
 
     n_layers: int
@@ -46,6 +57,8 @@ class CacheConfig:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
             _set(self, name, int_at_least(name, getattr(self, name), 1))
         capacity = int_at_least("capacity", self.capacity, self.max_width)
+        for name in ("max_seqs", "max_width", "capacity"):
+            _at_most(name, getattr(self, name), INT32_MAX)
         _set(self, "capacity", capacity)
         _set(self, "windows", _windows(self.windows, self.n_layers))
         for name, default in (
@@ -54,6 +67,7 @@ class CacheConfig:
         ):
             _set(self, name, _cells_up_to_capacity(name, getattr(self, name), default, capacity))
         _set(self, "dtype", _dtype(self.dtype))
+        _check_bytes(self)
 
     @property
     def n_owner_words(self) -> int:
@@ -66,23 +80,55 @@ class CacheConfig:
         return tuple(sorted(set(self.windows)))
 
     @property
+    def storage_dtype(self) -> np.dtype:
+        """The dtype of the arrays that hold K and V: float32, float16, or uint16 holding
+        bfloat16 bit patterns."""
+        return np.dtype(STORAGE_ARRAYS[self.dtype])
+
+    @property
     def row_bytes(self) -> int:
         """Bytes of K plus V that one cell takes in one layer."""
-        return 2 * self.n_kv_heads * self.head_dim * np.dtype(self.dtype).itemsize
+        return 2 * self.n_kv_heads * self.head_dim * self.storage_dtype.itemsize
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes the device cache takes, by buffer: "pool" (K and V of every layer at full
+        capacity), the fixed buffers allocated once ("masks": one [max_width, capacity]
+        uint8 per distinct window, "cell_pos", "cell_owners", "seq_cells" [max_seqs,
+        max_seq_len] int32, "seq_len", "step": the [max_width] step arrays and read_len),
+        and "total". The decode kernels' scratch (a few KB per query-head count) is not
+        counted."""
+        sizes = {
+            "pool": self.capacity * self.n_layers * self.row_bytes,
+            "masks": len(self.distinct_windows) * self.max_width * self.capacity,
+            "cell_pos": 4 * self.capacity,
+            "cell_owners": 8 * self.capacity * self.n_owner_words,
+            "seq_cells": 4 * self.max_seqs * self.max_seq_len,
+            "seq_len": 4 * self.max_seqs,
+            "step": 4 * (3 * self.max_width + 1),
+        }
+        sizes["total"] = sum(sizes.values())
+        return sizes
 
 
 def _set(config: CacheConfig, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
+def as_int(name: str, value, error: type[CacheError] = ConfigError) -> int:
+    """`value` as an int, or `error` naming `name`: integers are the values `operator.index`
+    takes (int, NumPy integers, 0-d integer arrays) except bools."""
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise error(f"{name} must be an integer (not a bool, float, string or None), got {text}")
+
+
 def int_at_least(name: str, value, bound: int) -> int:
     """`value` as an int >= bound (bools refused), or ConfigError naming `name` and the bound."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    value = as_int(name, value)
     if value < bound:
         raise ConfigError(f"{name}={value} is below its bound {bound}; give {name} >= {bound}")
     return value
@@ -96,10 +142,37 @@ def _cells_up_to_capacity(name: str, value, default: int, capacity: int) -> int:
     return value
 
 
+def _at_most(name: str, value: int, bound: int) -> None:
+    if value > bound:
+        raise ConfigError(f"{name}={value} exceeds {bound}; give {name} <= {bound}")
+
+
+def _check_bytes(config: CacheConfig) -> None:
+    sizes = config.device_bytes()
+    fixed = sizes["total"] - sizes["pool"]
+    parts = ", ".join(f"{name} {n:,}" for name, n in sizes.items() if name not in ("pool", "total"))
+    if sizes["pool"] > MAX_POOL_BYTES:
+        raise ConfigError(
+            f"a full pool takes {sizes['pool']:,} bytes (capacity x n_layers x row_bytes), more "
+            f"than {MAX_POOL_BYTES:,}; lower capacity, n_layers, n_kv_heads or head_dim"
+        )
+    if fixed > MAX_FIXED_BYTES:
+        raise ConfigError(
+            f"the fixed buffers take {fixed:,} bytes ({parts}), more than {MAX_FIXED_BYTES:,}; "
+            "lower max_seqs x max_seq_len, max_width x capacity or the number of windows"
+        )
+
+
 def _windows(windows, n_layers: int) -> tuple[int, ...]:
     if windows is None:
         return (0,) * n_layers
-    windows = tuple(int_at_least("windows[i]", w, 0) for w in windows)
+    if not isinstance(windows, tuple | list | np.ndarray) or np.ndim(windows) != 1:
+        raise ConfigError(
+            f"windows must be a tuple with one window per layer (0 = global), got {windows!r}"
+        )
+    windows = tuple(int_at_least(f"windows[{i}]", w, 0) for i, w in enumerate(windows))
+    for i, w in enumerate(windows):
+        _at_most(f"windows[{i}]", w, INT32_MAX)
     if len(windows) != n_layers:
         raise ConfigError(
             f"windows has {len(windows)} entries but n_layers={n_layers}; give one window per layer"
@@ -108,10 +181,13 @@ def _windows(windows, n_layers: int) -> tuple[int, ...]:
 
 
 def _dtype(dtype) -> str:
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = repr(dtype)
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = repr(dtype)
     if name not in STORAGE_DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not a storage dtype; give one of {STORAGE_DTYPES}")
     return name

@@ -35,3 +35,18 @@ class BindingError(CacheError):
 
 class TraceError(CacheError):
     """A trace file is corrupt, truncated or not a numbakv trace."""
+
+
+class ObserverError(Exception):
+    """An observer raised after a verb had completed: the verb's change stands (this is
+    not a refusal, so not a `CacheError`), every other observer still heard of it, and the
+    observer's exception is the `__cause__`.
+
+    event  : the verb's name
+    result : what the verb returned (the new id, the prepared `Step`, or None)
+    """
+
+    def __init__(self, message: str, event: str, result=None):
+        super().__init__(message)
+        self.event = event
+        self.result = result

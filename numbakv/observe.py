@@ -1,7 +1,12 @@
-"""The observer hook both cache implementations call after every verb and step."""
+"""The observer hook both cache implementations call after every verb and step, and the
+one reentrant lock every public method of a cache holds."""
 
+import functools
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from numbakv.errors import ConfigError, ObserverError
 
 # observer(cache, event, step): event is the verb's name; step is the new Step after
 # "prepare_step" and None otherwise
@@ -9,20 +14,61 @@ Observer = Callable[[Any, str, Any], None]
 
 EVENTS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear", "declare_step", "prepare_step")
 
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def locked(method: Method) -> Method:
+    """Runs `method` holding its object's reentrant lock (`self._lock`), so that threads
+    sharing a cache take turns, verb by verb; an observer may call back into the cache."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
 
 class Observable:
     """Keeps observers and tells them, in order, about each verb that succeeded."""
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         self._observers: list[Observer] = []
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The cache's reentrant lock. Each call holds it; hold it yourself across a step
+        (declare_step, prepare_step, write, attend) that threads must not interleave."""
+        return self._lock
+
+    @locked
     def add_observer(self, observer: Observer) -> None:
         """Calls `observer(cache, event, step)` after every successful verb from now on."""
+        if not callable(observer):
+            raise ConfigError(f"an observer is a callable (cache, event, step), got {observer!r}")
         self._observers.append(observer)
 
+    @locked
     def remove_observer(self, observer: Observer) -> None:
         self._observers.remove(observer)
 
-    def _notify(self, event: str, step=None) -> None:
-        for observer in self._observers:
-            observer(self, event, step)
+    def _notify(self, event: str, step=None, result=None):
+        """Tells every observer; returns `result`. Called last, once the verb is complete:
+        when observers raise, all still run, then ObserverError(from the first) is raised."""
+        failed = []
+        for observer in list(self._observers):
+            try:
+                observer(self, event, step)
+            except Exception as error:
+                failed.append((observer, error))
+        if failed:
+            observer, error = failed[0]
+            raise ObserverError(
+                f"observer {observer!r} raised {error!r} after {event}(), which completed "
+                f"({len(failed)} of {len(self._observers)} observers raised); the change "
+                "stands: fix the observer or remove_observer() it",
+                event,
+                step if result is None else result,
+            ) from error
+        return result

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from .storage import to_float32
+
 
 def default_scale(head_dim: int) -> np.float32:
     """1 / sqrt(head_dim) as float32."""
@@ -14,16 +16,21 @@ def softmax_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float3
     q : [n_heads, head_dim] float32
     k : [n_keys, n_kv_heads, head_dim] float32, v the same; query head h reads
         KV head h // (n_heads // n_kv_heads). No keys gives zeros.
+
+    NaN and inf follow float32 arithmetic (no warnings): a NaN score, or a largest score
+    of ±inf, makes the head's whole row NaN; a NaN or inf in V spreads into the
+    dimensions it sits in, even at weight 0 (0 · inf is NaN).
     """
     n_heads, head_dim = q.shape
     if len(k) == 0:
         return np.zeros((n_heads, head_dim), dtype=np.float32)
     n_kv_heads = k.shape[1]
     q_grouped = q.reshape(n_kv_heads, n_heads // n_kv_heads, head_dim)  # [kv, group, d]
-    scores = q_grouped @ k.transpose(1, 2, 0) * scale  # [kv, group, n_keys]
-    weights = np.exp(scores - scores.max(axis=2, keepdims=True))
-    weights /= weights.sum(axis=2, keepdims=True)
-    out = weights @ v.transpose(1, 0, 2)  # [kv, group, d]
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = q_grouped @ k.transpose(1, 2, 0) * scale  # [kv, group, n_keys]
+        weights = np.exp(scores - scores.max(axis=2, keepdims=True))
+        weights /= weights.sum(axis=2, keepdims=True)
+        out = weights @ v.transpose(1, 0, 2)  # [kv, group, d]
     return out.reshape(n_heads, head_dim).astype(np.float32)
 
 
@@ -33,11 +40,12 @@ def attend_cells(
     v_pool: np.ndarray,
     mask: np.ndarray,
     scale: np.float32,
+    dtype: str = "float32",
 ) -> np.ndarray:
     """[width, n_heads, head_dim] float32: each token attends the cells its mask row allows.
 
     q      : [width, n_heads, head_dim] float32
-    k_pool : [rows, n_kv_heads, head_dim] storage dtype, v_pool the same
+    k_pool : [rows, n_kv_heads, head_dim] of storage dtype `dtype`, v_pool the same
     mask   : [width, read_len] uint8, 1 = attend
 
     Only the attended cells are read, so free or foreign cells may hold anything.
@@ -45,8 +53,8 @@ def attend_cells(
     out = np.zeros(q.shape, dtype=np.float32)
     for t in range(len(mask)):
         cells = np.flatnonzero(mask[t])
-        k = k_pool[cells].astype(np.float32)
-        v = v_pool[cells].astype(np.float32)
+        k = to_float32(k_pool[cells], dtype)
+        v = to_float32(v_pool[cells], dtype)
         out[t] = softmax_attend(q[t], k, v, scale)
     return out
 
@@ -82,7 +90,8 @@ def solo_attention(
         for h in range(n_heads):
             keys = k_hist[first : p + 1, h // group]  # [seen, head_dim]
             values = v_hist[first : p + 1, h // group]
-            scores = keys @ q[i, h] * scale
-            weights = np.exp(scores - scores.max())
-            out[i, h] = weights @ values / weights.sum()
+            with np.errstate(invalid="ignore", over="ignore"):
+                scores = keys @ q[i, h] * scale
+                weights = np.exp(scores - scores.max())
+                out[i, h] = weights @ values / weights.sum()
     return out

@@ -3,20 +3,21 @@
 import numpy as np
 
 from numbakv.checks import (
-    as_host,
     check_declaration,
     check_layer,
     check_mode,
     check_query,
+    check_scale,
     check_shape,
     check_width,
+    host_floats,
 )
 from numbakv.config import CacheConfig
-from numbakv.errors import StepError
-from numbakv.observe import Observable
+from numbakv.errors import AllocationError, ConfigError, StepError
+from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
 
-from .attention import attend_cells, default_scale
+from .attention import attend_cells
 from .pool import Allocator, KVPool, numpy_allocator
 from .step import Step, window_mask
 from .table import CellTable
@@ -38,14 +39,24 @@ class CellCache(Observable):
            [0, 0, 1]], dtype=uint8)
 
     Every verb is atomic: when it raises (an error of `numbakv.errors`), nothing changed.
-    Every verb except `seq_new` makes the last prepared `Step` stale. Observers
-    (`add_observer`) hear of every verb that succeeded.
+    Every verb except `seq_new` makes the last prepared `Step` stale, and every verb that
+    changes the table (all but `seq_new` and `declare_step`) drops a pending declaration.
+    Observers (`add_observer`) hear of every verb that succeeded. Thread-safe: every public
+    method holds one reentrant lock.
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
         super().__init__()
+        if not isinstance(config, CacheConfig):
+            raise ConfigError(f"expected a CacheConfig, got {config!r}")
         self.config = config
-        self._table = CellTable(config)
+        try:
+            self._table = CellTable(config)
+        except MemoryError:
+            raise AllocationError(
+                f"could not allocate the cell table of {config.capacity} cells and "
+                f"{config.max_seqs} ids; lower capacity or max_seqs"
+            ) from None
         self._pool = KVPool(config, allocator)
         self._declared: np.ndarray | None = None  # the pending declaration
         self._step: Step | None = None  # the last prepared step, until it goes stale
@@ -53,41 +64,44 @@ class CellCache(Observable):
 
     # -- table verbs (SPEC §2) -------------------------------------------------
 
+    @locked
     def seq_new(self) -> int:
         """Reserves the lowest free sequence id; the sequence is live and empty."""
-        seq = self._table.seq_new()
-        self._notify("seq_new")
-        return seq
+        return self._notify("seq_new", result=self._table.seq_new())
 
+    @locked
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
-        seq = self._table.seq_clone(src, upto)
-        self._changed("seq_clone")
-        return seq
+        return self._table_changed("seq_clone", self._table.seq_clone(src, upto))
 
+    @locked
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         self._table.seq_rm(seq)
-        self._changed("seq_rm")
+        self._table_changed("seq_rm")
 
+    @locked
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         self._table.rewind(seq, position)
-        self._changed("rewind")
+        self._table_changed("rewind")
 
+    @locked
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
-        self._declared = None
-        self._changed("clear")
+        self._table_changed("clear")
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
+    @locked
     def declare_step(self, seq_ids) -> None:
         """Records the next step's tokens: one live sequence id per token, in order."""
         self._declared = check_declaration(self._table, self.config, seq_ids)
-        self._changed("declare_step")
+        self._expire_step()
+        self._notify("declare_step")
 
+    @locked
     def prepare_step(self, width: int | None = None) -> Step:
         """Grows the pool, places the declared tokens and writes the step's masks.
 
@@ -128,29 +142,31 @@ class CellCache(Observable):
         self._declared = None
         self._expire_step()
         self._step = Step(cells, positions, seq_ids, table.read_len, masks)
-        self._notify("prepare_step", self._step)
-        return self._step
+        return self._notify("prepare_step", self._step, self._step)
 
     # -- K/V (SPEC §5) ---------------------------------------------------------
 
+    @locked
     def write(self, layer: int, k, v) -> None:
-        """Writes the step's K and V rows into their cells of `layer`, cast to the storage dtype.
+        """Writes the step's K and V rows into their cells of `layer`: rounded to float32,
+        then to the storage dtype (round to nearest even).
 
-        k, v : [width, n_kv_heads, head_dim], any float dtype; padded rows are skipped
+        k, v : [width, n_kv_heads, head_dim], any real float dtype (`checks.host_floats`);
+               padded rows are skipped. Both are checked before either is written.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        k, v = as_host(k), as_host(v)
+        k, v = host_floats("k", k), host_floats("v", v)
         check_shape("k", k.shape, shape)
         check_shape("v", v.shape, shape)
         cells = step.cells
         real = cells >= 0
-        cells = cells[real]
-        self._pool.k[layer][cells] = k[real]
-        self._pool.v[layer][cells] = v[real]
+        k, v = (np.asarray(x[real], dtype=np.float32) for x in (k, v))
+        self._pool.write(layer, cells[real], k, v)
         self._written.add(layer)
 
+    @locked
     def attend(
         self, layer: int, q, scale: float | None = None, mode: str = "gathered"
     ) -> np.ndarray:
@@ -158,14 +174,15 @@ class CellCache(Observable):
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads; query head h
                 reads KV head h // (n_heads // n_kv_heads)
-        scale : default 1 / sqrt(head_dim)
+        scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" or "masked", the device's two kernels; the reference computes
                 both the same way, from the mask
 
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells of the layer's window mask, in float32;
-        rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
+        rows that see no cell (padding) give 0; NaN and inf in what a token sees follow
+        float32 arithmetic (`attention.softmax_attend`). Requires `write(layer, ...)` in
+        this step.
         """
-        q = as_host(q)
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
         check_mode(mode)
@@ -173,14 +190,17 @@ class CellCache(Observable):
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
+        q = host_floats("q", q)
         check_query(q.shape, step.width, self.config)
-        scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
+        scale = check_scale(scale, self.config.head_dim)
         mask = step.mask(self.config.windows[layer])
         q = q.astype(np.float32)
-        return attend_cells(q, self._pool.k[layer], self._pool.v[layer], mask, scale)
+        k, v, dtype = self._pool.k[layer], self._pool.v[layer], self.config.dtype
+        return attend_cells(q, k, v, mask, scale, dtype)
 
     # -- state -----------------------------------------------------------------
 
+    @locked
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position its next token gets."""
         return self._table.length(self._table.check_live(seq))
@@ -191,10 +211,12 @@ class CellCache(Observable):
         return self._table.read_len
 
     @property
+    @locked
     def used_cells(self) -> int:
         return self._table.used_cells
 
     @property
+    @locked
     def free_cells(self) -> int:
         return self._table.free_cells
 
@@ -203,6 +225,7 @@ class CellCache(Observable):
         return self.config.capacity
 
     @property
+    @locked
     def live_seqs(self) -> list[int]:
         """The live sequence ids, ascending."""
         return np.flatnonzero(self._table.live).tolist()
@@ -227,16 +250,20 @@ class CellCache(Observable):
         """Bytes of K and V storage over all layers."""
         return self._pool.allocated_bytes
 
+    @locked
     def snapshot(self) -> Snapshot:
         """A host copy of the cell table, cells [0, read_len)."""
         return self._table.snapshot(self._pool.rows)
 
+    @locked
     def check_invariants(self) -> None:
         """Raises AssertionError unless the table keeps the invariants of SPEC §2."""
         self._table.check_invariants()
 
+    @locked
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""
+        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim] of the storage
+        dtype (uint16 bit patterns for bfloat16)."""
         layer = check_layer(layer, self.config.n_layers)
         return self._pool.k[layer].copy(), self._pool.v[layer].copy()
 
@@ -247,10 +274,12 @@ class CellCache(Observable):
             raise StepError("no prepared step; call declare_step() and prepare_step() first")
         return self._step
 
-    def _changed(self, event: str) -> None:
-        """After a verb that changed the cache: the step expires, the observers hear of it."""
+    def _table_changed(self, event: str, result=None):
+        """After a verb that changed the table: the step expires, a pending declaration is
+        dropped (it was checked against the old table), the observers hear of it."""
+        self._declared = None
         self._expire_step()
-        self._notify(event)
+        return self._notify(event, result=result)
 
     def _expire_step(self) -> None:
         if self._step is not None:

@@ -7,6 +7,8 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError
 
+from .storage import to_storage
+
 Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
@@ -24,7 +26,8 @@ def grown_rows(config: CacheConfig, rows: int, required: int) -> int:
 
 
 class KVPool:
-    """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are [rows, n_kv_heads, head_dim].
+    """K and V of every layer, cell-major: `k[layer]`, `v[layer]` are [rows, n_kv_heads, head_dim]
+    of `config.storage_dtype` (uint16 bit patterns for bfloat16, see `storage`).
 
     rows starts at 0 and grows by `grow_to`; `allocator(shape, dtype)` makes every array
     and may raise MemoryError or AllocationError to refuse (tests inject one that does).
@@ -33,7 +36,7 @@ class KVPool:
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):
         self.config = config
         self.allocator = allocator
-        empty = np.zeros((0, config.n_kv_heads, config.head_dim), dtype=config.dtype)
+        empty = np.zeros((0, config.n_kv_heads, config.head_dim), dtype=config.storage_dtype)
         self.k = [empty] * config.n_layers
         self.v = [empty] * config.n_layers
         self.rows = 0
@@ -57,7 +60,7 @@ class KVPool:
         shape = (rows, self.config.n_kv_heads, self.config.head_dim)
         try:
             fresh = [
-                self.allocator(shape, np.dtype(self.config.dtype))
+                self.allocator(shape, self.config.storage_dtype)
                 for _ in range(2 * self.config.n_layers)
             ]
         except (MemoryError, AllocationError) as error:
@@ -74,3 +77,9 @@ class KVPool:
             self.growth_count += 1
         self.rows = rows
         self.generation += 1
+
+    def write(self, layer: int, cells: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Stores k, v ([n, n_kv_heads, head_dim] float32) into rows `cells` ([n] int) of
+        `layer`, rounded to the storage dtype."""
+        self.k[layer][cells] = to_storage(k, self.config.dtype)
+        self.v[layer][cells] = to_storage(v, self.config.dtype)

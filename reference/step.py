@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from numbakv.checks import check_window
 from numbakv.errors import StepError
 
 
@@ -44,8 +45,8 @@ class Step:
     read_len  : the extent attention sweeps, cells [0, read_len)
     windows   : the distinct windows with a mask
 
-    A Step is valid until the next verb other than `seq_new`; using it after that
-    raises StepError.
+    A Step is valid until the next verb other than `seq_new`; after that every accessor
+    raises StepError (`is_stale` tells without raising).
     """
 
     def __init__(self, cells, positions, seq_ids, read_len, masks):
@@ -55,7 +56,7 @@ class Step:
         self._seq_ids = seq_ids
         self._read_len = read_len
         self._masks = masks
-        self.n_tokens = int(np.count_nonzero(seq_ids >= 0))
+        self._n_tokens = int(np.count_nonzero(seq_ids >= 0))
 
     @property
     def is_stale(self) -> bool:
@@ -99,14 +100,15 @@ class Step:
         return self._read_len
 
     @property
+    def n_tokens(self) -> int:
+        self._check()
+        return self._n_tokens
+
+    @property
     def windows(self) -> tuple[int, ...]:
+        self._check()
         return tuple(self._masks)
 
     def mask(self, window: int) -> np.ndarray:
         """[width, read_len] uint8 copy of the mask of `window` (1 = attend)."""
-        self._check()
-        if window not in self._masks:
-            raise StepError(
-                f"no mask for window {window!r}; this cache's windows are {self.windows}"
-            )
-        return self._masks[window].copy()
+        return self._masks[check_window(window, self.windows)].copy()

@@ -1,6 +1,7 @@
 """Helpers the tests share: small configs, a refusal's "nothing changed" state, workloads,
 an observer, a failing allocator, a tiny model and its oracles."""
 
+import ml_dtypes
 import numpy as np
 
 from numbakv.reference import CacheConfig, CellCache, solo_attention
@@ -26,16 +27,50 @@ def small_config(**overrides) -> CacheConfig:
 
 
 def full_state(cache: CellCache) -> tuple:
-    """Everything a refused call must leave unchanged: table, pool and its storage."""
+    """Everything a refused call must leave unchanged: table, pos of every live sequence,
+    free cells, pool and its storage, and for the device its mirror and seq_cells."""
     kv = [np.concatenate(cache.pool_kv(layer)).tobytes() for layer in range(cache.config.n_layers)]
+    mirror = []
+    if hasattr(cache, "mirror"):
+        mirror = [a.tobytes() for a in (*cache.mirror(), *cache.seq_table())]
     return (
         cache.snapshot(),
+        tuple((seq, cache.pos(seq)) for seq in cache.live_seqs),
+        cache.free_cells,
+        cache.read_len,
         cache.rows,
         cache.generation,
         cache.growth_count,
         cache.allocated_bytes,
         kv,
+        mirror,
     )
+
+
+def as_storage(x, dtype: str) -> np.ndarray:
+    """float32 values in a pool's representation of storage `dtype`: float32, float16, or
+    uint16 bfloat16 patterns (through ml_dtypes)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "bfloat16":
+        with np.errstate(invalid="ignore"):  # NaN casts warn in ml_dtypes
+            return x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    return x.astype(dtype)
+
+
+def pool_values(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values of pool entries (`pool_kv`) of storage `dtype`."""
+    if dtype == "bfloat16":
+        return stored.view(ml_dtypes.bfloat16).astype(np.float32)
+    return stored.astype(np.float32)
+
+
+def as_stored(x, dtype: str) -> np.ndarray:
+    """float32 values as a pool of storage `dtype` holds them, widened back to float32;
+    bfloat16 through ml_dtypes, an oracle written independently of both caches."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "bfloat16":
+        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    return x.astype(dtype).astype(np.float32)
 
 
 def step_with(cache: CellCache, seq_ids, width=None):

@@ -43,6 +43,20 @@ def test_defaults():
         (dict(capacity=True), ["capacity", "integer"]),
         (dict(max_seq_len=0), ["max_seq_len", "1"]),
         (dict(max_seq_len=65), ["max_seq_len", "capacity=64"]),
+        (dict(windows=5), ["windows", "5"]),
+        (dict(windows="0,0"), ["windows", "'0,0'"]),
+        (dict(windows=(0, True)), ["windows[1]", "True"]),
+        (dict(windows=(0, 2.0)), ["windows[1]", "2.0"]),
+        (dict(windows=(0, 2**31)), ["windows[1]", "2147483647"]),
+        (dict(n_layers=None), ["n_layers", "None"]),
+        (dict(max_width="16"), ["max_width", "'16'"]),
+        (dict(max_seqs=np.True_), ["max_seqs", "True"]),
+        (dict(capacity=2**31), ["capacity", "2147483647"]),
+        (dict(capacity=2**40), ["capacity", "2147483647"]),
+        (dict(max_seqs=10**9), ["fixed buffers", "seq_cells 256,000,000,000", "max_seqs"]),
+        (dict(capacity=2**30, n_layers=64), ["full pool", "8,796,093,022,208"]),
+        (dict(capacity=2**20, max_width=2**16), ["fixed buffers", "masks", "max_width"]),
+        (dict(dtype=None), ["dtype", "None"]),
     ],
 )
 def test_refusals_name_field_and_bound(overrides, words):
@@ -67,7 +81,30 @@ def test_owner_words(max_seqs, words):
 
 def test_row_bytes():
     assert make(dtype="float16").row_bytes == 2 * 2 * 8 * 2
+    assert make(dtype="bfloat16").row_bytes == 2 * 2 * 8 * 2
     assert make().row_bytes == 2 * 2 * 8 * 4
+
+
+def test_bfloat16_is_kept_as_bit_patterns():
+    assert make(dtype="bfloat16").storage_dtype == np.uint16
+    assert make(dtype="float16").storage_dtype == np.float16
+
+
+def test_device_bytes_are_what_the_device_cache_allocates():
+    import numbakv
+
+    cfg = make(windows=(0, 4), max_seq_len=32, dtype="bfloat16")
+    cache = numbakv.CellCache(cfg)
+    sizes = cfg.device_bytes()
+    buffers = {name: buf.nbytes for name, buf in cache.buffers.all().items()}
+    assert sizes["masks"] == sum(n for name, n in buffers.items() if name.startswith("mask"))
+    for name in ("cell_pos", "cell_owners", "seq_cells", "seq_len"):
+        assert sizes[name] == buffers[name], name
+    assert sizes["step"] == sum(buffers[n] for n in ("cells", "positions", "seq_ids", "read_len"))
+    cache.declare_step([cache.seq_new()] * 16)
+    cache.prepare_step()
+    assert sizes["pool"] == cache.allocated_bytes * cfg.capacity // cache.rows
+    assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
 
 
 def test_frozen():

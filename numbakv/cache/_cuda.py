@@ -17,8 +17,19 @@ from numba import cuda  # isort: skip  (only after the device module set NUMBA_E
 
 if IS_SIMULATOR:
     DRIVER_ERRORS: tuple[type[BaseException], ...] = ()
+
+    # the simulator has no libdevice (its functions return None): NumPy's view is the same cast
+    def float_as_int(x):
+        """The bits of float32 x as an int32."""
+        return np.float32(x).view(np.int32)
+
+    def int_as_float(bits):
+        """The float32 whose bits are int32 `bits`."""
+        return np.int32(bits).view(np.float32)
+
 else:  # out of device memory comes as the driver's API error
     from numba.cuda.cudadrv.driver import CudaAPIError
+    from numba.cuda.libdevice import float_as_int, int_as_float  # noqa: F401
 
     DRIVER_ERRORS = (CudaAPIError,)
 

@@ -4,10 +4,11 @@ on the device, and numba.cuda kernels for placement, the table mirror, masks and
 
 import numpy as np
 
+from numbakv.cache import inputs
 from numbakv.cache._cuda import cuda
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
-from numbakv.cache.pool import Allocator, DevicePool, device_allocator
+from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
 from numbakv.cache.step import Step
 from numbakv.cache.table import HostTable
 from numbakv.checks import (
@@ -15,15 +16,14 @@ from numbakv.checks import (
     check_layer,
     check_mode,
     check_query,
+    check_scale,
     check_shape,
     check_width,
 )
 from numbakv.config import CacheConfig
-from numbakv.errors import StepError
-from numbakv.observe import Observable
+from numbakv.errors import AllocationError, ConfigError, StepError
+from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
-
-INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def default_scale(head_dim: int) -> np.float32:
@@ -39,15 +39,26 @@ class CellCache(Observable):
     atomic (when it raises, nothing changed) and every verb but `seq_new` makes the last
     `Step` stale. Per step only the step's [width] arrays cross the bus: the table's mirror
     on the device is kept by kernels, never copied over. Observers (`add_observer`) hear of
-    every verb that succeeded.
+    every verb that succeeded. Every verb that changes the table (all but `seq_new` and
+    `declare_step`) drops a pending declaration. Thread-safe: every public method holds one
+    reentrant lock (the seed's recursive mutex).
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
         super().__init__()
+        if not isinstance(config, CacheConfig):
+            raise ConfigError(f"expected a CacheConfig, got {config!r}")
         self.config = config
-        self._table = HostTable(config)
+        try:
+            self._table = HostTable(config)
+            self._buffers = StepBuffers(config)
+        except ALLOCATION_ERRORS as error:
+            fixed = config.device_bytes()["total"] - config.device_bytes()["pool"]
+            raise AllocationError(
+                f"could not allocate the table and the fixed buffers ({fixed:,} bytes, see "
+                "CacheConfig.device_bytes()); lower capacity or max_seqs, or max_seq_len"
+            ) from error
         self._pool = DevicePool(config, allocator)
-        self._buffers = StepBuffers(config)
         self._workspaces: dict[int, tuple] = {}  # n_heads -> decode split scratch, reused
         self._declared: np.ndarray | None = None
         self._step: Step | None = None
@@ -55,39 +66,42 @@ class CellCache(Observable):
 
     # -- table verbs: the host table decides, a kernel updates the mirror ------
 
+    @locked
     def seq_new(self) -> int:
         """Reserves the lowest free sequence id; the sequence is live and empty."""
-        seq = self._table.seq_new()
-        self._notify("seq_new")
-        return seq
+        return self._notify("seq_new", result=self._table.seq_new())
 
+    @locked
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
+        src = self._table.check_live(src)
         seq, cells = self._table.seq_clone(src, upto)
         b = self._buffers
         verbs.launch_add_owner(_to_device(cells), len(cells), seq, b.cell_owners)
         seq_cells.launch_copy_prefix(b.seq_cells, b.seq_len, src, seq, len(cells))
-        return self._after("seq_clone", seq)
+        return self._table_changed("seq_clone", seq)
 
+    @locked
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         seq = self._table.check_live(seq)
         self._drop(seq, self._table.seq_rm(seq), length=0)
-        self._after("seq_rm")
+        self._table_changed("seq_rm")
 
+    @locked
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         seq = self._table.check_live(seq)
         self._drop(seq, self._table.rewind(seq, position), length=self._table.length(seq))
-        self._after("rewind")
+        self._table_changed("rewind")
 
+    @locked
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         verbs.launch_clear_table(self._buffers.cell_pos, self._buffers.cell_owners)
         seq_cells.launch_clear_lengths(self._buffers.seq_len)
-        self._declared = None
-        self._after("clear")
+        self._table_changed("clear")
 
     def _drop(self, seq: int, cells: np.ndarray, length: int) -> None:
         """Mirrors a seq_rm or rewind: `seq` leaves `cells`, and holds `length` positions."""
@@ -98,11 +112,14 @@ class CellCache(Observable):
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
+    @locked
     def declare_step(self, seq_ids) -> None:
         """Records the next step's tokens: one live sequence id per token, in order."""
         self._declared = check_declaration(self._table, self.config, seq_ids)
-        self._after("declare_step")
+        self._expire_step()
+        self._notify("declare_step")
 
+    @locked
     def prepare_step(self, width: int | None = None) -> Step:
         """Grows the pool, places the declared tokens and writes the step buffers and masks.
 
@@ -132,8 +149,7 @@ class CellCache(Observable):
         self._declared = None
         self._expire_step()
         self._step = Step(cells, positions, seq_ids, read_len, self._buffers)
-        self._notify("prepare_step", self._step)
-        return self._step
+        return self._notify("prepare_step", self._step, self._step)
 
     def _write_step(self, cells, positions, seq_ids, read_len: int) -> None:
         b = self._buffers
@@ -152,18 +168,23 @@ class CellCache(Observable):
 
     # -- K/V -------------------------------------------------------------------
 
+    @locked
     def write(self, layer: int, k, v) -> None:
-        """Writes the step's K and V rows into their cells of `layer`, cast to the storage dtype.
+        """Writes the step's K and V rows into their cells of `layer`, rounded to the storage
+        dtype (to nearest even).
 
-        k, v : [width, n_kv_heads, head_dim] float32 or float16, NumPy or device arrays;
-               other float dtypes are cast to float32 on the host. Padded rows are skipped.
+        k, v : [width, n_kv_heads, head_dim]: host arrays of any real float dtype (rounded to
+               float32 unless both are float32 or both float16), or C-contiguous device
+               arrays of float32 or float16, one dtype for both. Both are checked before
+               either is written. Padded rows are skipped.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        check_shape("k", np.shape(k), shape)
-        check_shape("v", np.shape(v), shape)
-        k, v = _device_input(k), _device_input(v)
+        k, v = (inputs.floats(name, x, inputs.KV_DTYPES) for name, x in (("k", k), ("v", v)))
+        check_shape("k", k.shape, shape)
+        check_shape("v", v.shape, shape)
+        k, v = inputs.on_device([k, v], inputs.KV_DTYPES)
         b = self._buffers
         placement.launch_scatter_kv(
             k, v, self._pool.k[layer], self._pool.v[layer], b.cells, step.width
@@ -174,13 +195,15 @@ class CellCache(Observable):
         """[width, n_heads, head_dim] float32 device array: each token's attention over the
         cells it sees, computed on the device.
 
-        q     : [width, n_heads, head_dim] float32 (NumPy or device), n_heads a multiple of
-                n_kv_heads; query head h reads KV head h // (n_heads // n_kv_heads)
-        scale : default 1 / sqrt(head_dim)
+        q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads (query head h
+                reads KV head h // (n_heads // n_kv_heads)): a host array of any real float
+                dtype (rounded to float32) or a C-contiguous float32 device array
+        scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
                 proportion to what it sees; "masked" sweeps [0, read_len) under the window's
                 mask (the seed design). Both equal the reference's attend.
-        Rows that see no cell (padding) give 0. Requires `write(layer, ...)` in this step.
+        Rows that see no cell (padding) give 0; NaN and inf in what a token sees give what
+        the reference gives. Requires `write(layer, ...)` in this step.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
@@ -189,9 +212,10 @@ class CellCache(Observable):
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
-        check_query(np.shape(q), step.width, self.config)
-        q = _device_input(q, np.float32)
-        scale = default_scale(self.config.head_dim) if scale is None else np.float32(scale)
+        q = inputs.floats("q", q, inputs.Q_DTYPES)
+        check_query(q.shape, step.width, self.config)
+        scale = check_scale(scale, self.config.head_dim)
+        (q,) = inputs.on_device([q], inputs.Q_DTYPES)
         out = cuda.device_array(q.shape, np.float32)
         k, v, b = self._pool.k[layer], self._pool.v[layer], self._buffers
         window = self.config.windows[layer]
@@ -222,11 +246,12 @@ class CellCache(Observable):
             raise StepError("no prepared step; call declare_step() and prepare_step() first")
         return self._step
 
-    def _after(self, event: str, result=None):
-        """After a verb succeeded: the step expires and the observers hear of it."""
+    def _table_changed(self, event: str, result=None):
+        """After a verb that changed the table: the step expires, a pending declaration is
+        dropped (it was checked against the old table), the observers hear of it."""
+        self._declared = None
         self._expire_step()
-        self._notify(event)
-        return result
+        return self._notify(event, result=result)
 
     def _expire_step(self) -> None:
         if self._step is not None:
@@ -236,6 +261,7 @@ class CellCache(Observable):
 
     # -- state -----------------------------------------------------------------
 
+    @locked
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position its next token gets."""
         return self._table.length(self._table.check_live(seq))
@@ -246,10 +272,12 @@ class CellCache(Observable):
         return self._table.read_len
 
     @property
+    @locked
     def used_cells(self) -> int:
         return self._table.used_cells
 
     @property
+    @locked
     def free_cells(self) -> int:
         return self._table.free_cells
 
@@ -258,6 +286,7 @@ class CellCache(Observable):
         return self.config.capacity
 
     @property
+    @locked
     def live_seqs(self) -> list[int]:
         """The live sequence ids, ascending."""
         return np.flatnonzero(self._table.live).tolist()
@@ -287,10 +316,12 @@ class CellCache(Observable):
         """The fixed device buffers (step arrays, masks, table mirror); they never move."""
         return self._buffers
 
+    @locked
     def snapshot(self) -> Snapshot:
         """A host copy of the cell table, cells [0, read_len)."""
         return self._table.snapshot(self._pool.rows)
 
+    @locked
     def check_invariants(self) -> None:
         """Raises AssertionError unless the host table keeps SPEC §2's invariants and the
         device mirror (cell_pos, cell_owners, each live sequence's seq_cells row) equals it.
@@ -312,21 +343,26 @@ class CellCache(Observable):
             if lengths[seq] != len(cells) or not np.array_equal(rows[seq, : len(cells)], cells):
                 raise AssertionError(f"device mirror invariant broken: seq_cells of {seq}")
 
+    @locked
     def mirror(self) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
         [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
         return self._buffers.cell_pos.copy_to_host(), self._buffers.cell_owners.copy_to_host()
 
+    @locked
     def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
         (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
         return self._buffers.seq_cells.copy_to_host(), self._buffers.seq_len.copy_to_host()
 
+    @locked
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim], storage dtype."""
+        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim] of the storage
+        dtype (uint16 bit patterns for bfloat16)."""
         layer = check_layer(layer, self.config.n_layers)
         if self._pool.rows == 0:
-            empty = np.zeros((0, self.config.n_kv_heads, self.config.head_dim), self.config.dtype)
+            shape = (0, self.config.n_kv_heads, self.config.head_dim)
+            empty = np.zeros(shape, self.config.storage_dtype)
             return empty, empty.copy()
         return self._pool.k[layer].copy_to_host(), self._pool.v[layer].copy_to_host()
 
@@ -340,20 +376,3 @@ def _pad(array: np.ndarray, width: int) -> np.ndarray:
 
 def _to_device(array: np.ndarray):
     return cuda.to_device(np.ascontiguousarray(array, dtype=np.int32))
-
-
-def _device_input(x, *dtypes):
-    """A C-contiguous device array of one of `dtypes` (default float32 or float16) for x:
-    NumPy arrays are cast to float32 where needed and uploaded; device arrays (anything
-    with `__cuda_array_interface__`) are used in place and must have such a dtype."""
-    dtypes = tuple(np.dtype(d) for d in dtypes) or INPUT_DTYPES
-    if hasattr(x, "__cuda_array_interface__") and not hasattr(x, "copy_to_host"):
-        x = cuda.as_cuda_array(x)
-    if hasattr(x, "copy_to_host"):
-        if np.dtype(x.dtype) not in dtypes:
-            raise StepError(f"device array of dtype {x.dtype}; give one of {dtypes}")
-        return x
-    x = np.asarray(x)
-    if x.dtype not in dtypes:
-        x = x.astype(np.float32)
-    return cuda.to_device(np.ascontiguousarray(x))

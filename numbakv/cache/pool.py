@@ -56,7 +56,7 @@ class DevicePool:
         else:
             rows = min(self.config.capacity, max(required, 2 * self.rows))
         shape = (rows, self.config.n_kv_heads, self.config.head_dim)
-        dtype = np.dtype(self.config.dtype)
+        dtype = self.config.storage_dtype
         try:
             fresh = [self.allocator(shape, dtype) for _ in range(2 * self.config.n_layers)]
         except ALLOCATION_ERRORS as error:

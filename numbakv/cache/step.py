@@ -3,6 +3,7 @@
 import numpy as np
 
 from numbakv.cache.buffers import StepBuffers
+from numbakv.checks import check_window
 from numbakv.errors import StepError
 
 
@@ -26,7 +27,7 @@ class Step:
         self._cells, self._positions, self._seq_ids = cells, positions, seq_ids
         self._read_len = read_len
         self._buffers = buffers
-        self.n_tokens = int(np.count_nonzero(seq_ids >= 0))
+        self._n_tokens = int(np.count_nonzero(seq_ids >= 0))
         self._is_stale = False
 
     @property
@@ -59,8 +60,12 @@ class Step:
         return self._valid()._read_len
 
     @property
+    def n_tokens(self) -> int:
+        return self._valid()._n_tokens
+
+    @property
     def windows(self) -> tuple[int, ...]:
-        return tuple(self._buffers.masks)
+        return tuple(self._valid()._buffers.masks)
 
     @property
     def buffers(self) -> StepBuffers:
@@ -68,12 +73,8 @@ class Step:
 
     def mask(self, window: int) -> np.ndarray:
         """[width, read_len] uint8, copied back from the device: the mask of `window`."""
-        masks = self._valid()._buffers.masks
-        if window not in masks:
-            raise StepError(
-                f"no mask for window {window!r}; this cache's windows are {self.windows}"
-            )
-        return masks[window][: len(self._cells)].copy_to_host()[:, : self._read_len]
+        mask = self._valid()._buffers.masks[check_window(window, self.windows)]
+        return mask[: len(self._cells)].copy_to_host()[:, : self._read_len]
 
     def _valid(self) -> "Step":
         if self._is_stale:

@@ -9,6 +9,9 @@ import numpy as np
 from numbakv.cache._cuda import cuda
 from numbakv.reference import CacheConfig, CellCache
 
+from helpers import as_stored
+
+BFLOAT16_NAN = np.uint16(0x7FC0)  # a NaN's bit pattern in a bfloat16 pool
 SENTINEL = np.float32(7.0)  # out rows past the width must keep it
 MAX_WIDTH = 12
 CAPACITY = 48
@@ -64,7 +67,7 @@ def build_case(n_heads, n_kv_heads, head_dim, dtype, final, windows=(0,), seed=0
         for layer in range(config.n_layers):
             cache.write(layer, k, v)
         for t, seq in enumerate(seqs):  # what the pool holds: the storage dtype, widened
-            stored = (k[t].astype(dtype).astype(np.float32), v[t].astype(dtype).astype(np.float32))
+            stored = (as_stored(k[t], dtype), as_stored(v[t], dtype))
             history[seq].append(stored)
         return prepared
 
@@ -97,11 +100,12 @@ def poisoned_pool(case: Case, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """The layer's K/V with NaN in every free cell and every row past read_len (2 extra rows)."""
     snap = case.cache.snapshot()
     k, v = case.cache.pool_kv(layer)
-    extra = np.full((2, *k.shape[1:]), np.nan, k.dtype)
+    nan = BFLOAT16_NAN if k.dtype == np.uint16 else np.nan
+    extra = np.full((2, *k.shape[1:]), nan, k.dtype)
     k, v = np.concatenate([k, extra]), np.concatenate([v, extra])
     for x in (k, v):
-        x[snap.read_len :] = np.nan
-        x[: snap.read_len][snap.pos < 0] = np.nan
+        x[snap.read_len :] = nan
+        x[: snap.read_len][snap.pos < 0] = nan
     return k, v
 
 

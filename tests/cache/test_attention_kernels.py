@@ -48,7 +48,7 @@ from attention_cases import (
 # (n_heads, n_kv_heads, head_dim): GQA 1, 2, 4, 8 and head_dim 16, 40, 64, 128
 HEADS = [(2, 2, 16), (4, 2, 40), (4, 1, 64), (8, 1, 128)]
 HEADS_IDS = ["gqa1-d16", "gqa2-d40", "gqa4-d64", "gqa8-d128"]
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3}  # rtol = atol
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-3}  # rtol = atol
 
 
 def seq_cells_of(cache: CellCache, rng) -> np.ndarray:
@@ -142,6 +142,13 @@ def test_attention_matches_reference(n_heads, n_kv_heads, head_dim, dtype, kerne
 
 
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize(("n_heads", "n_kv_heads", "head_dim"), HEADS[1:3], ids=HEADS_IDS[1:3])
+def test_bfloat16_attention_matches_reference(n_heads, n_kv_heads, head_dim, kernel):
+    # the bfloat16 kernels of their own: widened bit patterns, poisoned with NaN patterns
+    test_attention_matches_reference(n_heads, n_kv_heads, head_dim, "bfloat16", kernel)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize(
     ("n_heads", "n_kv_heads", "head_dim"),
     [(3, 1, 3), (16, 1, 8), (64, 2, 1)],
@@ -192,12 +199,13 @@ def test_launchers_pick_the_kernel_by_shape(final, monkeypatch):
             ran.append(self.name)
             return self.original[config]
 
-    for mode in ("masked", "gathered"):
-        pair = getattr(attention_launch, mode.upper())  # (decode, prefill)
-        spies = tuple(
+    spied = {
+        (mode, kind): tuple(
             Spy(f"attend_{mode}_{shape}", k) for shape, k in zip(SHAPES, pair, strict=True)
         )
-        monkeypatch.setattr(attention_launch, mode.upper(), spies)
+        for (mode, kind), pair in attention_launch.KERNELS.items()  # (decode, prefill)
+    }
+    monkeypatch.setattr(attention_launch, "KERNELS", spied)
     for layer in range(2):
         check(case, layer, run_masked(case, layer))
         check(case, layer, run_gathered(case, layer))

@@ -9,9 +9,13 @@ import numbakv
 from numbakv.reference import CellCache as RefCache
 from numbakv.reference import solo_attention
 
-from helpers import small_config
+from helpers import as_stored, small_config
 
-TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, atol=2e-3)}
+TOLERANCE = {
+    "float32": dict(rtol=1e-5, atol=1e-5),
+    "float16": dict(rtol=2e-3, atol=2e-3),
+    "bfloat16": dict(rtol=2e-3, atol=2e-3),
+}
 
 
 @settings(max_examples=10)
@@ -19,7 +23,7 @@ TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, a
     group=st.sampled_from([1, 2, 4, 8]),
     head_dim=st.sampled_from([16, 40, 64, 128]),
     window=st.sampled_from([0, 1, 2, 3, 5]),
-    dtype=st.sampled_from(["float32", "float16"]),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
     plan=st.lists(st.integers(0, 99), min_size=3, max_size=7),
     seed=st.integers(0, 2**16),
 )
@@ -64,7 +68,7 @@ def test_both_modes_equal_reference_and_solo(group, head_dim, window, dtype, pla
             for cache in (device, reference):
                 cache.write(layer, k, v)
             for t, seq in enumerate(seq_ids):
-                stored = np.stack([k[t], v[t]]).astype(dtype).astype(np.float32)[None]
+                stored = as_stored(np.stack([k[t], v[t]]), dtype)[None]
                 history[seq][layer] = np.concatenate([history[seq][layer], stored])
             # reference
             expect = reference.attend(layer, q)

@@ -20,7 +20,11 @@ from numbakv.trace import Recorder
 
 from helpers import churn, full_state, small_config, step_with
 
-TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-5), "float16": dict(rtol=2e-3, atol=2e-3)}
+TOLERANCE = {
+    "float32": dict(rtol=1e-5, atol=1e-5),
+    "float16": dict(rtol=2e-3, atol=2e-3),
+    "bfloat16": dict(rtol=2e-3, atol=2e-3),
+}
 
 
 def mirror_snapshot(cache) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +79,7 @@ class DeviceMachine(RuleBasedStateMachine):
     @initialize(
         max_seqs=st.sampled_from([3, 66]),
         windows=st.sampled_from([(0,), (0, 2), (1, 3)]),
-        dtype=st.sampled_from(["float32", "float16"]),
+        dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
         capacity=st.integers(10, 24),
         initial_cells=st.integers(1, 4),
         max_width=st.integers(1, 6),
@@ -289,7 +293,7 @@ def test_poisoned_buffers_do_not_change_results():
             np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=mode)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_write_takes_device_arrays_and_casts(dtype):
     cfg = small_config(dtype=dtype)
     device, reference = numbakv.CellCache(cfg), RefCache(cfg)

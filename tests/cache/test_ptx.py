@@ -18,21 +18,22 @@ from pathlib import Path
 import pytest
 
 import numbakv
-from numbakv.cache.kernels.attention import STORAGE
 
 CCS = [(8, 0), (9, 0)]
 ATTENTION = "numbakv.cache.kernels.attention"
 MERGE = f"{ATTENTION}.merge.merge_splits"
-ATTENTION_KERNELS = {
-    f"{ATTENTION}.decode.attend_masked_decode",
-    f"{ATTENTION}.prefill.attend_masked_prefill",
-    f"{ATTENTION}.decode.attend_gathered_decode",
-    f"{ATTENTION}.prefill.attend_gathered_prefill",
-    MERGE,
+# attention kernel -> the pool dtypes it compiles for (bfloat16 pools hold uint16 patterns)
+ATTENTION_POOLS = {
+    f"{ATTENTION}.{shape}.attend_{mode}_{shape}{suffix}": pools
+    for shape in ("decode", "prefill")
+    for mode in ("masked", "gathered")
+    for suffix, pools in (("", {"float32", "float16"}), ("_bf16", {"uint16"}))
 }
+ATTENTION_KERNELS = {*ATTENTION_POOLS, MERGE}
 SMEM_LIMIT = 48 * 1024  # static shared memory per block
 KERNELS = {
     "numbakv.cache.kernels.placement.scatter_kv",
+    "numbakv.cache.kernels.placement.scatter_kv_bf16",
     "numbakv.cache.kernels.placement.place_tokens",
     "numbakv.cache.kernels.verbs.add_owner",
     "numbakv.cache.kernels.verbs.drop_owner",
@@ -129,18 +130,21 @@ def test_ptx_has_no_float64(compiled):
     assert not any(f64.values()), {k: v for k, v in f64.items() if v}
 
 
-def test_scatter_kv_compiles_every_dtype_pair(compiled):
-    sigs = {r["sig"] for r in compiled["numbakv.cache.kernels.placement.scatter_kv"]}
-    floats = [re.findall(r"(float\d+)\[", sig) for sig in sigs]  # k, v, k_pool, v_pool
-    pairs = {(f[0], f[2]) for f in floats if f[0] == f[1] and f[2] == f[3]}
-    assert pairs == {(x, s) for x in ("float32", "float16") for s in ("float32", "float16")}
+@pytest.mark.parametrize(
+    ("name", "pools"), [("scatter_kv", ("float32", "float16")), ("scatter_kv_bf16", ("uint16",))]
+)
+def test_scatter_kv_compiles_every_dtype_pair(compiled, name, pools):
+    sigs = {r["sig"] for r in compiled[f"numbakv.cache.kernels.placement.{name}"]}
+    dtypes = [re.findall(r"((?:float|uint)\d+)\[", sig) for sig in sigs]  # k, v, pools
+    pairs = {(f[0], f[2]) for f in dtypes if f[0] == f[1] and f[2] == f[3]}
+    assert pairs == {(x, s) for x in ("float32", "float16") for s in pools}
 
 
-def test_attention_kernels_compile_for_both_storage_dtypes(compiled):
-    for name in ATTENTION_KERNELS - {MERGE}:
+def test_attention_kernels_compile_for_every_storage_dtype(compiled):
+    for name, expected in ATTENTION_POOLS.items():
         sigs = [r["sig"] for r in compiled[name]]
-        pools = {re.findall(r"(float\d+)\[", sig)[1] for sig in sigs}  # q, then k_pool
-        assert pools == set(STORAGE), (name, pools)
+        pools = {re.findall(r"((?:float|uint)\d+)\[", sig)[1] for sig in sigs}  # q, k_pool
+        assert pools == expected, (name, pools)
         assert not [r for r in compiled[name] if r["error"] or r["f64"]]
 
 
@@ -191,7 +195,7 @@ def test_attention_kernels_assemble_for_sm90_without_spills(compiled):
         registers = re.findall(r"Used (\d+) registers", report)
         smem = [int(x) for x in re.findall(r"(\d+) bytes smem", report)] or [0]
         spills = re.findall(r"(\d+) bytes spill (stores|loads)", report)
-        pool = re.findall(r"(float\d+)\[", r["sig"])[1]  # q, then k_pool (merge: none)
+        pool = re.findall(r"((?:float|uint)\d+)\[", r["sig"])[1]  # q, then k_pool (merge: none)
         label = name.rsplit(".", 1)[1] + ("" if "merge" in name else f" [{pool} pool]")
         print(f"{label} sm_90: {','.join(registers)} registers, {max(smem)} bytes smem, "
               f"spills {spills}")  # fmt: skip

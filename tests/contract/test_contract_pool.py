@@ -6,7 +6,7 @@ import pytest
 
 from numbakv.errors import AllocationError
 
-from helpers import full_state, step_with
+from helpers import as_storage, full_state, step_with
 
 
 def decode(cache, seq: int, n: int, rows_seen: list[int]) -> None:
@@ -66,7 +66,7 @@ def test_allocated_bytes(impl):
     assert cache.allocated_bytes == cache.rows * 3 * 2 * 2 * 5 * 2
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_live_rows_survive_growth_bit_exact(impl, dtype):
     rng = np.random.default_rng(0)
     cache = impl.cache(capacity=64, initial_cells=2, dtype=dtype)
@@ -78,11 +78,11 @@ def test_live_rows_survive_growth_bit_exact(impl, dtype):
             k, v = rng.standard_normal((2, step.width, 1, 4)).astype(np.float32)
             cache.write(layer, k, v)
             for t, cell in enumerate(step.cells.tolist()):
-                written[layer, cell] = (k[t].astype(dtype), v[t].astype(dtype))
+                written[layer, cell] = (as_storage(k[t], dtype), as_storage(v[t], dtype))
     assert cache.growth_count >= 3
     for (layer, cell), (k, v) in written.items():
         k_pool, v_pool = cache.pool_kv(layer)
-        assert k_pool.dtype == np.dtype(dtype)
+        assert k_pool.dtype == cache.config.storage_dtype
         assert k_pool[cell].tobytes() == k.tobytes() and v_pool[cell].tobytes() == v.tobytes()
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from numbakv.checks import as_host
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.errors import CapacityError, StepError
 
 from helpers import full_state, step_with
 
@@ -126,14 +126,38 @@ def test_declare_replaces_a_pending_declaration(cache):
     assert cache.pos(a) == 0
 
 
-def test_prepare_rechecks_the_declaration(cache):
+@pytest.mark.parametrize("verb", ["seq_rm", "rewind", "seq_clone", "clear"])
+def test_a_verb_that_changes_the_table_drops_the_declaration(cache, verb):
     a, b = cache.seq_new(), cache.seq_new()
-    cache.declare_step([a, b])
-    cache.seq_rm(b)
+    step_with(cache, [a, a])
+    cache.declare_step([a, b, b])
+    {
+        "seq_rm": lambda: cache.seq_rm(b),
+        "rewind": lambda: cache.rewind(a, 1),
+        "seq_clone": lambda: cache.seq_clone(a),
+        "clear": cache.clear,
+    }[verb]()
     before = full_state(cache)
-    with pytest.raises(SequenceError):
+    with pytest.raises(StepError, match="nothing declared"):
         cache.prepare_step()
     assert full_state(cache) == before
+
+
+def test_a_removed_id_handed_out_again_gets_no_old_declaration(cache):
+    a = cache.seq_new()
+    cache.declare_step([a, a, a])
+    cache.seq_rm(a)
+    assert cache.seq_new() == a  # the same id, an unrelated sequence
+    with pytest.raises(StepError, match="nothing declared"):
+        cache.prepare_step()
+    assert cache.pos(a) == 0
+
+
+def test_seq_new_keeps_the_declaration(cache):
+    a = cache.seq_new()
+    cache.declare_step([a, a])
+    cache.seq_new()
+    assert cache.prepare_step().positions.tolist() == [0, 1]
 
 
 def test_prepare_rechecks_free_cells(impl):

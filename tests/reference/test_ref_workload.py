@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 from numbakv.errors import CapacityError, SequenceError, StepError
 from numbakv.reference import CellCache, solo_attention
 
+from helpers import as_stored, pool_values
 from workload_model import TOL, TableModel, assert_matches, configs
 
 
@@ -231,8 +232,8 @@ class WorkloadMachine(RuleBasedStateMachine):
             self.cache.write(layer, k, v)
             got = self.cache.attend(layer, q)
             # oracle
-            stored_k = k.astype(cfg.dtype).astype(np.float32)
-            stored_v = v.astype(cfg.dtype).astype(np.float32)
+            stored_k = as_stored(k, cfg.dtype)
+            stored_v = as_stored(v, cfg.dtype)
             for t, (seq, p) in enumerate(zip(seq_ids, positions, strict=True)):
                 assert len(self.hist[seq][layer]) == p
                 self.hist[seq][layer].append((stored_k[t], stored_v[t]))
@@ -362,7 +363,8 @@ class WorkloadMachine(RuleBasedStateMachine):
                 expect_k = np.stack([kv[0] for kv in self.hist[seq][layer]])
                 expect_v = np.stack([kv[1] for kv in self.hist[seq][layer]])
                 # compare
-                got_k, got_v = pool_k[cells].astype(np.float32), pool_v[cells].astype(np.float32)
+                got_k = pool_values(pool_k[cells], self.cfg.dtype)
+                got_v = pool_values(pool_v[cells], self.cfg.dtype)
                 np.testing.assert_array_equal(got_k, expect_k)
                 np.testing.assert_array_equal(got_v, expect_v)
 

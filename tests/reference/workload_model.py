@@ -26,7 +26,7 @@ def configs(draw, max_seqs: int) -> tuple[CacheConfig, int]:
         max_seqs=max_seqs,
         windows=windows,
         initial_cells=draw(st.integers(1, 8)),
-        dtype=draw(st.sampled_from(("float32", "float16"))),
+        dtype=draw(st.sampled_from(("float32", "float16", "bfloat16"))),
     )
     return config, group * n_kv_heads
 

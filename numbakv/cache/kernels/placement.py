@@ -10,37 +10,54 @@ import numpy as np
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch_dims
+from numbakv.cache.kernels.storage import BFLOAT16_STORAGE, FLOAT_STORAGE, keep, narrow_bfloat16
 
-FLOATS = ("float32", "float16")  # step K/V dtypes and storage dtypes
+FLOATS = ("float32", "float16")  # step K/V dtypes
 
-# every (input dtype, storage dtype) pair: k, v, k_pool, v_pool, cells, width
-SCATTER_KV_SIGNATURES = [
-    f"void({x}[:, :, ::1], {x}[:, :, ::1], {s}[:, :, ::1], {s}[:, :, ::1], int32[::1], int32)"
-    for x in FLOATS
-    for s in FLOATS
-]
+
+def scatter_signatures(storage: tuple[str, ...]) -> list[str]:
+    """Every (input dtype, storage dtype) pair: k, v, k_pool, v_pool, cells, width."""
+    return [
+        f"void({x}[:, :, ::1], {x}[:, :, ::1], {s}[:, :, ::1], {s}[:, :, ::1], int32[::1], int32)"
+        for x in FLOATS
+        for s in storage
+    ]
+
+
+SCATTER_KV_SIGNATURES = scatter_signatures(FLOAT_STORAGE)
 # cells, positions, seq_ids, width, cell_pos, cell_owners
 PLACE_TOKENS_SIGNATURES = [
     "void(int32[::1], int32[::1], int32[::1], int32, int32[::1], uint64[:, ::1])"
 ]
 
 
-@kernel(SCATTER_KV_SIGNATURES)
-def scatter_kv(k, v, k_pool, v_pool, cells, width):
-    """Copies K and V of each token t < width into pool row cells[t] (cast); skips cells[t] < 0."""
-    # k, v: [>= width, n_kv_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
-    # cells: [max_width] int32; one item per (t, h, d), d fastest, so stores coalesce
-    head_dim = k_pool.shape[2]
-    row = k_pool.shape[1] * head_dim
-    for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
-        t = i // row
-        cell = cells[t]
-        if cell >= 0:
-            j = i - t * row
-            h = j // head_dim
-            d = j - h * head_dim
-            k_pool[cell, h, d] = k[t, h, d]  # the cast rounds to nearest even, like astype
-            v_pool[cell, h, d] = v[t, h, d]
+def make_scatter(store):
+    """The scatter kernel that stores `store(x)` for each value x (see `storage`)."""
+
+    def scatter_kv(k, v, k_pool, v_pool, cells, width):
+        """Copies K and V of each token t < width into pool row cells[t], rounded to the
+        storage dtype (to nearest even); skips cells[t] < 0."""
+        # k, v: [>= width, n_kv_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
+        # cells: [max_width] int32; one item per (t, h, d), d fastest, so stores coalesce
+        head_dim = k_pool.shape[2]
+        row = k_pool.shape[1] * head_dim
+        for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
+            t = i // row
+            cell = cells[t]
+            if cell >= 0:
+                j = i - t * row
+                h = j // head_dim
+                d = j - h * head_dim
+                k_pool[cell, h, d] = store(k[t, h, d])
+                v_pool[cell, h, d] = store(v[t, h, d])
+
+    return scatter_kv
+
+
+scatter_kv = kernel(SCATTER_KV_SIGNATURES, name="scatter_kv")(make_scatter(keep))
+scatter_kv_bf16 = kernel(scatter_signatures(BFLOAT16_STORAGE), name="scatter_kv_bf16")(
+    make_scatter(narrow_bfloat16)
+)
 
 
 @kernel(PLACE_TOKENS_SIGNATURES)
@@ -61,8 +78,10 @@ def launch_scatter_kv(k, v, k_pool, v_pool, cells, width: int, stream=0) -> None
     """Writes the step's K and V rows into `pool[cells[t]]` for t < width, skipping cells -1.
 
     k, v           : device array, shape [>= width, n_kv_heads, head_dim], float32 or float16
-    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32 or float16;
-                     values are cast to this storage dtype (round to nearest even)
+                     (both the same)
+    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32, float16 or
+                     uint16 (bfloat16 bit patterns); values are rounded to this storage dtype
+                     (to nearest even)
     cells          : device array, shape [max_width], int32, each in [-1, rows)
     width          : rows of the step to place, <= len(cells)
     """
@@ -71,7 +90,8 @@ def launch_scatter_kv(k, v, k_pool, v_pool, cells, width: int, stream=0) -> None
     if n_items == 0:
         return
     grid, threads = launch_dims(n_items)
-    scatter_kv[grid, threads, stream](k, v, k_pool, v_pool, cells, np.int32(width))
+    scatter = scatter_kv_bf16 if np.dtype(k_pool.dtype) == np.uint16 else scatter_kv
+    scatter[grid, threads, stream](k, v, k_pool, v_pool, cells, np.int32(width))
 
 
 def launch_place_tokens(

@@ -11,7 +11,6 @@ gathered differ only in which cells a token sees. Shared memory ~42 KB: K/V tile
 import numpy as np
 
 from numbakv.cache._cuda import cuda
-from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.attention import tiles, views
 from numbakv.cache.kernels.attention.tiles import (
     DECODE_ROWS,
@@ -22,23 +21,23 @@ from numbakv.cache.kernels.attention.tiles import (
     KEY,
     LO,
     PARTIALS,
-    STORAGE,
     TOKEN_ROWS,
     Q,
     T,
 )
 
 
-def signatures(view: str) -> list[str]:
+def signatures(view: str, storage: tuple[str, ...]) -> list[str]:
     """q, k_pool, v_pool, view, width, scale, n_splits, part_acc, part_m, part_l; per storage."""
     return [
         f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {view}, int32, float32, int32, {PARTIALS})"
-        for s in STORAGE
+        for s in storage
     ]
 
 
-def make_decode(token, flags):
-    """The decode kernel over the view that `token` and `flags` read (see `views`)."""
+def make_decode(token, flags, load_tile):
+    """The decode kernel over the view that `token` and `flags` read (see `views`), for the
+    storage kind `load_tile` reads (`tiles.make_load_tile`)."""
 
     def attend_decode(q, k_pool, v_pool, view, width, scale, n_splits, part_acc, part_m, part_l):
         """Partial attention of one token over one split of the cells it sees, per block."""
@@ -76,9 +75,10 @@ def make_decode(token, flags):
                     tiles.start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_rows, h0, head_dim)
                     for j0 in range(start, end, DECODE_TILE):
                         if flags(view, ok_s, cell_s, tok_s, 1, key, j0, k_pool.shape[0]):
+                            load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim)
                             tiles.tile_update(
-                                q_s, acc_s, k_s, v_s, s_s, ok_s, cell_s, m_s, l_s, alpha_s,
-                                k_pool, v_pool, kv_head, n_rows, n_rows, head_dim, scale,
+                                q_s, acc_s, k_s, v_s, s_s, ok_s, m_s, l_s, alpha_s,
+                                n_rows, n_rows, head_dim, scale,
                             )  # fmt: skip
                     tiles.write_partial(
                         part_acc, part_m, part_l, acc_s, m_s, l_s, t, split, n_rows, h0, head_dim
@@ -87,9 +87,5 @@ def make_decode(token, flags):
     return attend_decode
 
 
-attend_masked_decode = kernel(signatures(views.MASKED_VIEW), name="attend_masked_decode")(
-    make_decode(views.masked_token, views.masked_flags)
-)
-attend_gathered_decode = kernel(signatures(views.GATHERED_VIEW), name="attend_gathered_decode")(
-    make_decode(views.gathered_token, views.gathered_flags)
-)
+# (mode, storage kind) -> kernel, e.g. KERNELS["gathered", "bfloat16"]
+KERNELS = views.build(make_decode, signatures, "decode")

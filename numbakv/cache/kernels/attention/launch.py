@@ -14,9 +14,8 @@ tile load serves the PREFILL_ROWS query rows of its block.
 import numpy as np
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
-from numbakv.cache.kernels.attention.decode import attend_gathered_decode, attend_masked_decode
+from numbakv.cache.kernels.attention import decode, prefill
 from numbakv.cache.kernels.attention.merge import merge_splits
-from numbakv.cache.kernels.attention.prefill import attend_gathered_prefill, attend_masked_prefill
 from numbakv.cache.kernels.attention.tiles import (
     DECODE_ROWS,
     DECODE_TILE,
@@ -31,8 +30,8 @@ MIN_SPLIT_CELLS = 2 * DECODE_TILE  # a split's cells, at least (when there is mo
 MAX_SPLITS = 32  # splits per token, at most
 SPLIT_TARGET_BLOCKS_PER_SM = 4  # decode blocks wanted per multiprocessor
 
-MASKED = (attend_masked_decode, attend_masked_prefill)
-GATHERED = (attend_gathered_decode, attend_gathered_prefill)
+# (mode, storage kind) -> (decode kernel, prefill kernel)
+KERNELS = {key: (decode.KERNELS[key], prefill.KERNELS[key]) for key in decode.KERNELS}
 
 
 def choose_splits(max_len: int, n_blocks: int) -> int:
@@ -78,8 +77,9 @@ def launch_attend_masked(
     """out[t, h] = softmax over the cells mask[t] allows of q[t, h]·K·scale, applied to V.
 
     q              : device array, shape [>= width, n_heads, head_dim], float32
-    k_pool, v_pool : device array, shape [rows >= read_len, n_kv_heads, head_dim], float32
-                     or float16; query head h reads KV head h // (n_heads // n_kv_heads)
+    k_pool, v_pool : device array, shape [rows >= read_len, n_kv_heads, head_dim], float32,
+                     float16 or uint16 (bfloat16 bit patterns); query head h reads KV head
+                     h // (n_heads // n_kv_heads)
     mask           : device array, shape [max_width, capacity], uint8, 1 = attend; read at
                      rows < width and columns < read_len only
     width          : tokens of the step; read_len: cells [0, read_len) are swept
@@ -97,7 +97,7 @@ def launch_attend_masked(
     check_extent("read_len", read_len, mask.shape[1], k_pool.shape[0])
     view = (mask, np.int32(read_len))
     shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=read_len)
-    _launch(MASKED, view, q, k_pool, v_pool, width, scale, out, stream, **shape)
+    _launch("masked", view, q, k_pool, v_pool, width, scale, out, stream, **shape)
 
 
 def launch_attend_gathered(
@@ -111,7 +111,8 @@ def launch_attend_gathered(
     seq_cells[s, lo : p + 1], lo = max(0, p - window + 1) if window > 0 else 0.
 
     q              : device array, shape [>= width, n_heads, head_dim], float32
-    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32 or float16
+    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32, float16 or
+                     uint16 (bfloat16 bit patterns)
     seq_cells      : device array, shape [max_seqs, max_seq_len], int32: row s holds
                      sequence s's cells by position; read inside each token's range only
     seq_ids        : device array, shape [>= width], int32, -1 = padding (output 0)
@@ -133,18 +134,20 @@ def launch_attend_gathered(
         max_len = min(window, seq_cells.shape[1]) if window > 0 else seq_cells.shape[1]
     view = (seq_cells, seq_ids, positions, np.int32(window))
     shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=max_len)
-    _launch(GATHERED, view, q, k_pool, v_pool, width, scale, out, stream, **shape)
+    _launch("gathered", view, q, k_pool, v_pool, width, scale, out, stream, **shape)
 
 
 def _launch(
-    kernels, view, q, k_pool, v_pool, width, scale, out, stream, *, kernel, n_splits, workspace,
+    mode, view, q, k_pool, v_pool, width, scale, out, stream, *, kernel, n_splits, workspace,
     max_len,
 ) -> None:  # fmt: skip
-    """Runs the (decode, prefill) pair `kernels` over `view` (a view of `views`): one prefill
-    launch, or a decode launch of n_splits splits per token and the merge."""
+    """Runs the (decode, prefill) kernels of `mode` for the pool's storage over `view` (a view
+    of `views`): one prefill launch, or a decode launch of n_splits splits per token and the
+    merge."""
     if width == 0:
         return
-    decode, prefill = kernels
+    kind = "bfloat16" if np.dtype(k_pool.dtype) == np.uint16 else "float"
+    decode, prefill = KERNELS[mode, kind]
     scale, n_heads, head_dim = np.float32(scale), q.shape[1], q.shape[2]
     if not _pick(kernel, width, q, k_pool):
         grid, threads = attention_grid(*_prefill_blocks(width, n_heads, k_pool.shape[1]))

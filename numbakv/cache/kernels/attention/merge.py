@@ -4,7 +4,16 @@ import math
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel
-from numbakv.cache.kernels.attention.tiles import NEG_BIG, PARTIALS, ZERO, Q
+from numbakv.cache.kernels.attention.tiles import (
+    EMPTY,
+    NEG_INF,
+    PARTIALS,
+    ZERO,
+    Q,
+    finish,
+    is_finite,
+    nan_max,
+)
 
 # part_acc, part_m, part_l, width, n_splits, out
 MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, int32, int32, {Q})"]
@@ -12,7 +21,9 @@ MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, int32, int32, {Q})"]
 
 @kernel(MERGE_SPLITS_SIGNATURES)
 def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
-    """out[t, h] = the splits' partials combined: sum e^(m_i-M) acc_i / sum e^(m_i-M) l_i, or 0."""
+    """out[t, h] = the splits' partials combined: sum e^(m_i-M) acc_i / sum e^(m_i-M) l_i
+    over the splits that saw a cell (l_i != EMPTY), M their NaN-propagating max; 0 when none
+    saw a cell, NaN when M is not finite (`tiles.finish`)."""
     # part_acc: [>= width, n_heads, >= n_splits, head_dim]
     # part_m, part_l: [>= width, n_heads, >= n_splits]
     # out: [>= width, n_heads, head_dim]; one item per (t, h, d), d fastest
@@ -22,16 +33,18 @@ def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
         t = i // row
         h = (i - t * row) // head_dim
         d = i - t * row - h * head_dim
-        m_max = NEG_BIG
+        m_max = NEG_INF
+        denominator = EMPTY
         for split in range(n_splits):
-            if part_l[t, h, split] > ZERO:
-                m_max = max(m_max, part_m[t, h, split])
+            if part_l[t, h, split] != EMPTY:
+                m_max = nan_max(m_max, part_m[t, h, split])
+                denominator = ZERO
         numerator = ZERO
-        denominator = ZERO
-        for split in range(n_splits):
-            total = part_l[t, h, split]
-            if total > ZERO:  # select: an empty split's acc is never read
-                weight = math.exp(part_m[t, h, split] - m_max)  # <= 0, finite
-                numerator += weight * part_acc[t, h, split, d]
-                denominator += weight * total
-        out[t, h, d] = numerator / denominator if denominator > ZERO else ZERO
+        if is_finite(m_max):
+            for split in range(n_splits):
+                total = part_l[t, h, split]
+                if total != EMPTY:  # select: an empty split's acc is never read
+                    weight = math.exp(part_m[t, h, split] - m_max)  # <= 0; e^-inf = 0
+                    numerator += weight * part_acc[t, h, split, d]
+                    denominator += weight * total
+        out[t, h, d] = finish(numerator, m_max, denominator)

@@ -12,7 +12,7 @@ memory ~34 KB.
 import numpy as np
 
 from numbakv.cache._cuda import cuda
-from numbakv.cache.kernels import device_function, kernel
+from numbakv.cache.kernels import device_function
 from numbakv.cache.kernels.attention import tiles, views
 from numbakv.cache.kernels.attention.tiles import (
     HEAD_DIM_MAX,
@@ -23,17 +23,16 @@ from numbakv.cache.kernels.attention.tiles import (
     MAX_TOKENS,
     PREFILL_ROWS,
     PREFILL_TILE,
-    STORAGE,
     TOKEN_ROWS,
     Q,
     T,
 )
 
 
-def signatures(view: str) -> list[str]:
+def signatures(view: str, storage: tuple[str, ...]) -> list[str]:
     """q, k_pool, v_pool, view, width, scale, out; per storage dtype."""
     return [
-        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {view}, int32, float32, {Q})" for s in STORAGE
+        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {view}, int32, float32, {Q})" for s in storage
     ]
 
 
@@ -60,8 +59,9 @@ def next_sweep(tok_s, is_todo_s, sweep_s, n_tok):
     return key, lo, hi
 
 
-def make_prefill(token, flags):
-    """The prefill kernel over the view that `token` and `flags` read (see `views`)."""
+def make_prefill(token, flags, load_tile):
+    """The prefill kernel over the view that `token` and `flags` read (see `views`), for the
+    storage kind `load_tile` reads (`tiles.make_load_tile`)."""
 
     def attend_prefill(q, k_pool, v_pool, view, width, scale, out):
         """Attention of a tile of tokens x heads of one KV group over the cells they see."""
@@ -104,19 +104,16 @@ def make_prefill(token, flags):
                 while key >= 0:
                     for j0 in range(lo, hi, PREFILL_TILE):
                         if flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, k_pool.shape[0]):
+                            load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim)
                             tiles.tile_update(
-                                q_s, acc_s, k_s, v_s, s_s, ok_s, cell_s, m_s, l_s, alpha_s,
-                                k_pool, v_pool, kv_head, n_rows, n_heads_here, head_dim, scale,
+                                q_s, acc_s, k_s, v_s, s_s, ok_s, m_s, l_s, alpha_s,
+                                n_rows, n_heads_here, head_dim, scale,
                             )  # fmt: skip
                     key, lo, hi = next_sweep(tok_s, is_todo_s, sweep_s, n_tok)
-                tiles.write_rows(out, acc_s, l_s, tok_s, n_rows, n_heads_here, h0, head_dim)
+                tiles.write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_heads_here, h0, head_dim)
 
     return attend_prefill
 
 
-attend_masked_prefill = kernel(signatures(views.MASKED_VIEW), name="attend_masked_prefill")(
-    make_prefill(views.masked_token, views.masked_flags)
-)
-attend_gathered_prefill = kernel(signatures(views.GATHERED_VIEW), name="attend_gathered_prefill")(
-    make_prefill(views.gathered_token, views.gathered_flags)
-)
+# (mode, storage kind) -> kernel, e.g. KERNELS["gathered", "bfloat16"]
+KERNELS = views.build(make_prefill, signatures, "prefill")

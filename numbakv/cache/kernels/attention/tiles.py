@@ -7,8 +7,14 @@ row, KEY the sequence whose sweep indices it reads (0 for every token of a maske
 and [LO, HI) the sweep indices it may see (`views`).
 
 A tile is a run of sweep indices: flags (who sees which cell, `views`) -> K/V of the
-needed cells into shared memory as float32 (zeros for the others) -> scores of the rows
-that see each cell -> per row: max, rescale, exp, sum -> acc[row, d] += p * V[c, d].
+needed cells into shared memory as float32 (zeros for the others; `make_load_tile`, one per
+storage kind) -> scores of the rows that see each cell -> per row: max, rescale, exp, sum
+-> acc[row, d] += p * V[c, d].
+
+NaN and inf follow the reference's float32 softmax (SPEC §5, `reference.attention`): the
+running max m propagates NaN; a row whose max is not finite once it saw a cell gives NaN;
+a seen cell of weight 0 still adds 0 * V (so a NaN or inf in V spreads as in the
+reference); l = EMPTY marks a row that has seen no cell, which gives 0.
 """
 
 import math
@@ -17,6 +23,7 @@ import numpy as np
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import device_function
+from numbakv.cache.kernels.storage import widen_bfloat16, widen_float
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
 K_STRIDE = HEAD_DIM_MAX + 1  # K and q rows padded by one word: no shared bank conflicts
@@ -28,11 +35,15 @@ MAX_TOKENS = PREFILL_ROWS  # tokens per block, at most (one head each)
 T, KEY, LO, HI = 0, 1, 2, 3  # rows of the token table tok_s
 TOKEN_ROWS = 4  # ... of which there are four
 
-NEG_BIG = np.float32(-3.0e38)  # the running max before any cell: finite, so exp(m_old - m_new)
-# never sees inf - inf (and the simulator never exp(-inf))
+NEG_INF = np.float32(-np.inf)  # the running max before any cell
+POS_INF = np.float32(np.inf)
+NAN = np.float32(np.nan)
+EMPTY = np.float32(-1.0)  # l of a row that has seen no cell (a seen cell makes l >= 0)
 ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
 
-STORAGE = ("float32", "float16")  # storage dtypes every kernel compiles for
+STORAGE = ("float32", "float16", "uint16")  # storage dtypes the kernels compile for (uint16:
+# bfloat16 bit patterns, in kernels of their own)
 Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
@@ -62,8 +73,30 @@ def split_range(lo, hi, split, n_splits):
 
 
 @device_function
+def nan_max(a, b):
+    """max(a, b), NaN when either is NaN (a plain max drops a NaN b)."""
+    return a if (a > b or a != a) else b
+
+
+@device_function
+def is_finite(x):
+    return NEG_INF < x < POS_INF
+
+
+@device_function
+def finish(acc, m, total):
+    """A row's output from its accumulator, max and sum: 0 when it saw no cell, NaN when
+    its max is not finite (a NaN or an infinite score), else acc / l."""
+    if total == EMPTY:
+        return ZERO
+    if not is_finite(m):
+        return NAN
+    return acc / total
+
+
+@device_function
 def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
-    """Loads the rows' queries, zeroes their accumulators, m = NEG_BIG and l = 0."""
+    """Loads the rows' queries, zeroes their accumulators, m = -inf and l = EMPTY."""
     # q: [>= width, n_heads, head_dim]  q_s: [rows, K_STRIDE]  acc_s: [rows, HEAD_DIM_MAX]
     tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
     for i in range(tid, n_rows * head_dim, n_threads):
@@ -72,33 +105,48 @@ def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
         q_s[r, d] = q[tok_s[T, r // n_hb], h0 + r % n_hb, d]
         acc_s[r, d] = ZERO
     for r in range(tid, n_rows, n_threads):
-        m_s[r] = NEG_BIG
-        l_s[r] = ZERO
+        m_s[r] = NEG_INF
+        l_s[r] = EMPTY
     cuda.syncthreads()
+
+
+def make_load_tile(widen):
+    """The tile loader of a storage kind: `widen` turns a pool entry into float32."""
+
+    def load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim):
+        """K/V of the cells some row sees into shared memory as float32; zeros for the rest
+        (never garbage)."""
+        # k_pool, v_pool: [rows, n_kv_heads, head_dim]  k_s: [tile, K_STRIDE]
+        # v_s: [tile, HEAD_DIM_MAX]  cell_s: [tile] int32, -1 = seen by no row
+        tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
+        for i in range(tid, cell_s.shape[0] * head_dim, n_threads):
+            jj = i // head_dim
+            d = i - jj * head_dim
+            c = cell_s[jj]
+            if c >= 0:
+                k_s[jj, d] = widen(k_pool[c, kv_head, d])
+                v_s[jj, d] = widen(v_pool[c, kv_head, d])
+            else:
+                k_s[jj, d] = ZERO
+                v_s[jj, d] = ZERO
+        cuda.syncthreads()
+
+    return device_function(load_tile)
+
+
+load_float_tile = make_load_tile(widen_float)
+load_bfloat16_tile = make_load_tile(widen_bfloat16)
 
 
 @device_function
 def tile_update(
-    q_s, acc_s, k_s, v_s, s_s, ok_s, cell_s, m_s, l_s, alpha_s,
-    k_pool, v_pool, kv_head, n_rows, n_hb, head_dim, scale,
+    q_s, acc_s, k_s, v_s, s_s, ok_s, m_s, l_s, alpha_s, n_rows, n_hb, head_dim, scale
 ):  # fmt: skip
-    """One K/V tile into every row's online softmax: load, score, rescale, accumulate."""
-    # k_pool, v_pool: [rows, n_kv_heads, head_dim]  k_s: [tile, K_STRIDE]  v_s: [tile, HEAD_DIM_MAX]
-    # s_s: [rows, tile] scores, then weights  m_s, l_s, alpha_s: [rows]
+    """One loaded K/V tile into every row's online softmax: score, rescale, accumulate."""
+    # k_s: [tile, K_STRIDE]  v_s: [tile, HEAD_DIM_MAX]  s_s: [rows, tile] scores, then weights
+    # ok_s: [tokens, tile] who sees which cell  m_s, l_s, alpha_s: [rows]
     tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
-    tile = cell_s.shape[0]
-    # K/V of the cells some row sees, as float32; zeros for the rest (never garbage)
-    for i in range(tid, tile * head_dim, n_threads):
-        jj = i // head_dim
-        d = i - jj * head_dim
-        c = cell_s[jj]
-        if c >= 0:
-            k_s[jj, d] = np.float32(k_pool[c, kv_head, d])
-            v_s[jj, d] = np.float32(v_pool[c, kv_head, d])
-        else:
-            k_s[jj, d] = ZERO
-            v_s[jj, d] = ZERO
-    cuda.syncthreads()
+    tile = ok_s.shape[1]
     # scores, only where the row sees the cell (the others are never read)
     for i in range(tid, n_rows * tile, n_threads):
         r = i // tile
@@ -109,54 +157,60 @@ def tile_update(
                 dot += q_s[r, d] * k_s[jj, d]
             s_s[r, jj] = dot * scale
     cuda.syncthreads()
-    # per row: the new max, the rescale factor, the weights and their sum
+    # per row: the new max, the rescale factor, the weights and their sum; an exp runs
+    # only on finite differences <= 0 (no inf - inf, no overflow in the simulator)
     for r in range(tid, n_rows, n_threads):
         k = r // n_hb
         m_old = m_s[r]
         m_new = m_old
+        is_seen = False
         for jj in range(tile):
             if ok_s[k, jj] != 0:
-                m_new = max(m_new, s_s[r, jj])
+                m_new = nan_max(m_new, s_s[r, jj])
+                is_seen = True
+        is_usable = is_finite(m_new)  # else the row ends NaN (or stays -inf, all -inf so far)
         total = ZERO
         for jj in range(tile):
             p = ZERO
-            if ok_s[k, jj] != 0:
-                p = math.exp(s_s[r, jj] - m_new)  # <= 0: no overflow
+            if ok_s[k, jj] != 0 and is_usable and s_s[r, jj] > NEG_INF:
+                p = math.exp(s_s[r, jj] - m_new)
             s_s[r, jj] = p
             total += p
-        alpha = math.exp(m_old - m_new)  # both finite: 1 when the max stays
+        alpha = math.exp(m_old - m_new) if (is_usable and m_old < m_new) else ONE
         alpha_s[r] = alpha
         m_s[r] = m_new
-        l_s[r] = l_s[r] * alpha + total
+        if is_seen:
+            l_s[r] = max(l_s[r], ZERO) * alpha + total
     cuda.syncthreads()
     # acc[r, d] = acc[r, d] * alpha + sum of p * V over the cells the row sees
     for i in range(tid, n_rows * head_dim, n_threads):
         r = i // head_dim
         d = i - r * head_dim
+        k = r // n_hb
         a = acc_s[r, d] * alpha_s[r]
         for jj in range(tile):
-            p = s_s[r, jj]
-            if p != ZERO:  # select: a cell the row does not see is never in the sum
-                a += p * v_s[jj, d]
+            if ok_s[k, jj] != 0:  # select: a cell the row does not see is never in the sum
+                a += s_s[r, jj] * v_s[jj, d]
         acc_s[r, d] = a
     cuda.syncthreads()
 
 
 @device_function
-def write_rows(out, acc_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
-    """out[t, h] = acc / l for each row, 0 where the row saw nothing."""
+def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
+    """out[t, h] = acc / l for each row (`finish`: 0 where the row saw nothing, NaN where its
+    max is not finite)."""
     # out: [>= width, n_heads, head_dim]
     for i in range(cuda.threadIdx.x, n_rows * head_dim, cuda.blockDim.x):
         r = i // head_dim
         d = i - r * head_dim
-        total = l_s[r]
-        out[tok_s[T, r // n_hb], h0 + r % n_hb, d] = acc_s[r, d] / total if total > ZERO else ZERO
+        out[tok_s[T, r // n_hb], h0 + r % n_hb, d] = finish(acc_s[r, d], m_s[r], l_s[r])
     cuda.syncthreads()
 
 
 @device_function
 def write_partial(part_acc, part_m, part_l, acc_s, m_s, l_s, t, split, n_rows, h0, head_dim):
-    """The split's unnormalised (acc, m, l) of each row (one token, n_rows heads)."""
+    """The split's unnormalised (acc, m, l) of each row (one token, n_rows heads); l = EMPTY
+    where the split saw no cell."""
     # part_acc: [>= width, n_heads, >= n_splits, head_dim]  part_m, part_l: [.., .., >= n_splits]
     tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
     for i in range(tid, n_rows * head_dim, n_threads):

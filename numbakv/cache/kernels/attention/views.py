@@ -18,11 +18,21 @@ gathered view (seq_cells, seq_ids, positions, window): token t of sequence s at 
          seen by no one.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
 from numbakv.cache._cuda import cuda
-from numbakv.cache.kernels import device_function
-from numbakv.cache.kernels.attention.tiles import HI, KEY, LO, T
+from numbakv.cache.kernels import device_function, kernel
+from numbakv.cache.kernels.attention.tiles import (
+    HI,
+    KEY,
+    LO,
+    T,
+    load_bfloat16_tile,
+    load_float_tile,
+)
+from numbakv.cache.kernels.storage import BFLOAT16_STORAGE, FLOAT_STORAGE
 
 MASKED_VIEW = "Tuple((uint8[:, ::1], int32))"  # mask [max_width, capacity], read_len
 GATHERED_VIEW = "Tuple((int32[:, ::1], int32[::1], int32[::1], int32))"  # seq_cells, seq_ids,
@@ -91,3 +101,25 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
         if c >= 0:
             is_any = np.int32(1)
     return cuda.syncthreads_or(is_any)
+
+
+def build(make: Callable, signatures: Callable, shape: str) -> dict[tuple[str, str], Callable]:
+    """{(mode, storage kind): kernel} of one shape ("decode" or "prefill"):
+    `make(token, flags, load_tile)` over each view, for float pools ("float": float32 and
+    float16) and for bfloat16 pools ("bfloat16"), registered as attend_{mode}_{shape}[_bf16]."""
+    views = {
+        "masked": (MASKED_VIEW, masked_token, masked_flags),
+        "gathered": (GATHERED_VIEW, gathered_token, gathered_flags),
+    }
+    storages = {
+        "float": (FLOAT_STORAGE, load_float_tile, ""),
+        "bfloat16": (BFLOAT16_STORAGE, load_bfloat16_tile, "_bf16"),
+    }
+    built = {}
+    for mode, (view, token, flags) in views.items():
+        for kind, (storage, load_tile, suffix) in storages.items():
+            name = f"attend_{mode}_{shape}{suffix}"
+            built[mode, kind] = kernel(signatures(view, storage), name=name)(
+                make(token, flags, load_tile)
+            )
+    return built

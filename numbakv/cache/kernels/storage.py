@@ -1,0 +1,44 @@
+"""The storage dtypes in kernels: float32 and float16 cast as NumPy does; bfloat16 kept as
+its 16-bit pattern (uint16, the top half of a float32) and widened or rounded by bit
+arithmetic, which runs the same on the simulator and on every GPU.
+"""
+
+import numpy as np
+
+from numbakv.cache._cuda import float_as_int, int_as_float
+from numbakv.cache.kernels import device_function
+
+FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast
+BFLOAT16_STORAGE = ("uint16",)  # pools of bfloat16 bit patterns
+QUIET = np.int32(0x0040)  # the top mantissa bit of a bfloat16: set, a NaN stays a NaN
+
+
+@device_function
+def widen_float(x):
+    """A float32 or float16 pool entry as float32."""
+    return np.float32(x)
+
+
+@device_function
+def widen_bfloat16(bits):
+    """A bfloat16 bit pattern (uint16) as the float32 it is: the pattern is its top half."""
+    return int_as_float(np.int32(np.int32(bits) << np.int32(16)))
+
+
+@device_function
+def keep(x):
+    """A value for a float pool: the store casts it (round to nearest even)."""
+    return x
+
+
+@device_function
+def narrow_bfloat16(x):
+    """float32 x rounded to the nearest bfloat16, ties to even, as a uint16 bit pattern; a
+    NaN stays a (quiet) NaN of its sign: the reference's `storage.bfloat16_bits`."""
+    x = np.float32(x)
+    bits = float_as_int(x)
+    upper = np.int32(bits >> np.int32(16))
+    if x != x:
+        return np.uint16((upper | QUIET) & np.int32(0xFFFF))
+    rounded = (bits + np.int32(0x7FFF) + (upper & np.int32(1))) >> np.int32(16)  # no overflow
+    return np.uint16(rounded & np.int32(0xFFFF))

@@ -1,0 +1,39 @@
+"""The storage dtypes of SPEC §4, in NumPy: how a written value is rounded, how it is read.
+
+K and V arrive as float32 (other float dtypes are rounded to float32 first) and are kept as
+float32, float16 (IEEE round to nearest even) or bfloat16. bfloat16 is the top half of a
+float32; its arrays hold the 16-bit patterns as uint16 (NumPy has no bfloat16 type).
+"""
+
+import numpy as np
+
+QUIET_BIT = np.uint32(0x0040)  # the top mantissa bit of a bfloat16: set, a NaN stays a NaN
+
+
+def bfloat16_bits(x: np.ndarray) -> np.ndarray:
+    """[...] uint16: float32 values rounded to the nearest bfloat16, ties to even, as bit
+    patterns; a NaN becomes a quiet NaN of the same sign, ±inf stays ±inf."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    upper = bits >> np.uint32(16)
+    rounded = (bits + np.uint32(0x7FFF) + (upper & np.uint32(1))) >> np.uint32(16)
+    return np.where(np.isnan(x), upper | QUIET_BIT, rounded).astype(np.uint16)
+
+
+def bfloat16_values(bits: np.ndarray) -> np.ndarray:
+    """[...] float32: the values of bfloat16 bit patterns (exact: each is a float32)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values as stored in a pool of storage dtype `dtype` (a CacheConfig.dtype)."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "bfloat16":
+        return bfloat16_bits(x)
+    return x.astype(dtype)
+
+
+def to_float32(stored: np.ndarray, dtype: str) -> np.ndarray:
+    """The float32 values of a pool's entries of storage dtype `dtype`."""
+    if dtype == "bfloat16":
+        return bfloat16_values(stored)
+    return stored.astype(np.float32)
