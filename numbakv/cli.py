@@ -1,74 +1,188 @@
-"""The `numbakv` command line: `numbakv demo` and `numbakv viz`."""
+"""The `numbakv` command line: `numbakv demo` and `numbakv viz`.
+
+Exit codes: 0 done; 2 a usage error (a bad option value, a missing input, an output in a
+folder that does not exist or with an extension matplotlib cannot write), found before the
+work starts (for `--step` and `--window`, once the trace is read); 1 a failure (a damaged
+trace, the device disagreeing with the reference, an output that could not be written).
+Every error is one line on stderr naming the bad argument or file.
+"""
 
 import argparse
+import shutil
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+import numbakv
 
 KINDS = ("all", "cells", "timeline", "metrics", "mask")
+CHECK = "check the folder's permissions and free space"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="numbakv", description=__doc__)
+    """Runs `numbakv ARGS` (default: sys.argv[1:]); returns the exit status, or raises
+    SystemExit(2) on a usage error (SystemExit(0) for --help and --version)."""
+    parser = Parser(prog="numbakv", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"numbakv {numbakv.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="serve a mixed workload on the device, checked against the reference"
     )
-    demo.add_argument("--seed", type=int, default=0, help="seed of the model's weights (default 0)")
-    demo.add_argument("--columns", type=int, default=64, help="cells per line of the map")
-    demo.add_argument("--trace", metavar="FILE", help="save the table after every forward (.npz)")
+    demo.add_argument("--seed", type=int_at_least(0), default=0, help="weights' seed (default 0)")
+    demo.add_argument("--columns", type=int_at_least(1), default=64, help="cells per map line")
+    demo.add_argument(
+        "--trace", type=trace_output, metavar="FILE.npz", help="save the table per forward"
+    )
+    demo.set_defaults(run=_demo, parser=demo)
     viz = commands.add_parser("viz", help="draw a trace saved by `numbakv demo --trace`")
-    viz.add_argument("trace", metavar="TRACE", help="a .npz trace")
-    viz.add_argument("-o", "--output", metavar="FILE", required=True, help="image to write (.png)")
+    viz.add_argument("trace", type=trace_input, metavar="TRACE", help="a .npz trace")
+    viz.add_argument(
+        "-o", "--output", type=image_output, metavar="FILE", required=True,
+        help="image to write; its extension picks the format (.png, .pdf, .svg, ...)",
+    )  # fmt: skip
     viz.add_argument("--kind", choices=KINDS, default="all", help="which picture (default all)")
-    viz.add_argument("--step", type=int, default=-1, help="recorded step to show (default last)")
-    viz.add_argument("--window", type=int, help="mask window (default the smallest)")
+    viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
+    viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
+    viz.set_defaults(run=_viz, parser=viz)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    return _viz(args, parser)
+    return args.run(args, args.parser)
 
 
-def _demo(args) -> int:
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
+        return value
+
+    return parse
+
+
+def trace_input(text: str) -> Path:
+    """An argparse type: an existing file."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no file at {text}; check the path")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the trace file")
+    return path
+
+
+def new_file(text: str) -> Path:
+    """An argparse type: a file path whose folder exists (the file may exist: overwritten)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name in it")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text}: the folder {path.parent} does not exist; create it first"
+        )
+    return path
+
+
+def trace_output(text: str) -> Path:
+    """An argparse type: a new file ending in .npz (numpy would append .npz otherwise)."""
+    path = new_file(text)
+    if path.suffix != ".npz":
+        raise argparse.ArgumentTypeError(f"{text} does not end in .npz; give e.g. {path.stem}.npz")
+    return path
+
+
+def image_output(text: str) -> Path:
+    """An argparse type: a new file whose extension is a format matplotlib writes here. A
+    name without an extension is refused (matplotlib would add .png to it)."""
+    from matplotlib import rcParams
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = new_file(text)
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    extension = path.suffix.lower().removeprefix(".")
+    if extension not in formats:
+        found = f"has the extension .{extension}" if extension else "has no extension"
+        raise argparse.ArgumentTypeError(
+            f"{text} {found}; give one matplotlib writes: .{', .'.join(formats)}"
+        )
+    if extension == "pgf" and shutil.which(rcParams["pgf.texsystem"]) is None:
+        raise argparse.ArgumentTypeError(
+            f"{text}: .pgf needs {rcParams['pgf.texsystem']}, which is not installed; "
+            "give .pdf or .svg"
+        )
+    return path
+
+
+def _one_line(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def _fail(parser: argparse.ArgumentParser, message: str) -> int:
+    print(f"{parser.prog}: {_one_line(message)}", file=sys.stderr)
+    return 1
+
+
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from numbakv import demo
     from numbakv.serve.lockstep import LockstepError
 
+    trace = None if args.trace is None else str(args.trace)
     try:
-        demo.run(seed=args.seed, columns=args.columns, trace_path=args.trace)
+        demo.run(seed=args.seed, columns=args.columns, trace_path=trace)
     except LockstepError as error:
-        print(
-            f"numbakv demo: the device path disagrees with the reference: {error}", file=sys.stderr
-        )
-        return 1
+        return _fail(parser, f"the device path disagrees with the reference: {error}")
+    except OSError as error:
+        if trace is None:
+            raise
+        return _fail(parser, f"cannot write the trace {trace} ({error.strerror or error}); {CHECK}")
     return 0
 
 
-def _viz(args, parser: argparse.ArgumentParser) -> int:
-    from numbakv.errors import CacheError
+def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from numbakv.errors import TraceError
     from numbakv.trace import load_trace
     from numbakv.viz import plot_all, plot_cells, plot_mask, plot_metrics, plot_timeline
 
     try:
         trace = load_trace(args.trace)
-        n_steps = len(trace.step_frames)
-        if not -n_steps <= args.step < n_steps:
-            parser.error(f"--step {args.step}: the trace has {n_steps} recorded steps")
-        window = trace.config.distinct_windows[0] if args.window is None else args.window
-        if window not in trace.config.distinct_windows:
-            windows = trace.config.distinct_windows
-            parser.error(f"--window {window}: the trace's windows are {windows}")
-        frame = trace.step_frames[args.step]
-        draw = {
-            "all": lambda: plot_all(trace, args.step, window),
-            "cells": lambda: plot_cells(trace.snapshot(frame)),
-            "timeline": lambda: plot_timeline(trace, mark_step=args.step % n_steps),
-            "metrics": lambda: plot_metrics(trace, mark_step=args.step % n_steps),
-            "mask": lambda: plot_mask(trace.step(frame), window),
-        }[args.kind]
-        draw().savefig(args.output, dpi=100)
-    except CacheError as error:
-        parser.exit(1, f"numbakv viz: {error}\n")
+    except TraceError as error:
+        return _fail(parser, str(error))
+    n_steps = len(trace.step_frames)
+    if n_steps == 0:
+        return _fail(parser, f"{args.trace} records no step, so there is nothing to draw")
+    step = n_steps - 1 if args.step is None else args.step
+    if not -n_steps <= step < n_steps:
+        parser.error(
+            f"argument --step: {step} is outside the trace's {n_steps} recorded steps; "
+            f"give -{n_steps} to {n_steps - 1}"
+        )
+    windows = trace.config.distinct_windows
+    window = windows[0] if args.window is None else args.window
+    if window not in windows:
+        parser.error(f"argument --window: {window} is not one of the trace's windows {windows}")
+    step %= n_steps
+    frame = trace.step_frames[step]
+    draw = {
+        "all": lambda: plot_all(trace, step, window),
+        "cells": lambda: plot_cells(trace.snapshot(frame)),
+        "timeline": lambda: plot_timeline(trace, mark_step=step),
+        "metrics": lambda: plot_metrics(trace, mark_step=step),
+        "mask": lambda: plot_mask(trace.step(frame), window),
+    }[args.kind]
+    figure = draw()
+    try:
+        figure.savefig(args.output, dpi=100)
+    except OSError as error:
+        return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
     print(f"wrote {args.output}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

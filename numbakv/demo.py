@@ -9,9 +9,11 @@ Prints the occupancy map at the busiest forward and a summary table.
 """
 
 import itertools
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -75,10 +77,13 @@ def run(
 ) -> Report:
     """Runs the workload and prints the map and the summary; returns the measurements.
 
-    seed       : seeds the model's weights
+    seed       : seeds the model's weights, an integer >= 0
+    columns    : cells per line of the printed map, an integer >= 1
     trace_path : where to save the device cache's trace, a frame per forward (`.npz`)
-    Raises `LockstepError` at the first disagreement with the reference.
+    Raises `LockstepError` at the first disagreement with the reference; TypeError or
+    ValueError, before any work, for a bad argument (`check_arguments`).
     """
+    check_arguments(seed, columns, trace_path)
     model = Model.from_seed(MODEL, seed)
     device, reference = (
         Executor(model, cls(MODEL.cache_config(**CACHE)), MAX_SESSIONS, MAX_SESSION_TOKENS)
@@ -110,6 +115,25 @@ def run(
         report.trace.save(trace_path)
         print_fn(f"trace saved to {trace_path}; draw it with `numbakv viz {trace_path}`")
     return report
+
+
+def check_arguments(seed: int, columns: int, trace_path: str | None) -> None:
+    """Raises TypeError or ValueError naming the first argument of `run` that is wrong: a
+    seed below 0, columns below 1, a trace path not ending in .npz or in a missing folder."""
+    for name, value, least in (("seed", seed, 0), ("columns", columns, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+        if value < least:
+            raise ValueError(f"{name}={value} is below {least}; give {name} >= {least}")
+    if trace_path is None:
+        return
+    path = Path(trace_path)
+    if path.suffix != ".npz":
+        raise ValueError(f"trace_path={trace_path!r} does not end in .npz; give e.g. run.npz")
+    if not path.parent.is_dir():
+        raise ValueError(
+            f"trace_path={trace_path!r}: folder {path.parent} does not exist; create it first"
+        )
 
 
 def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None]) -> None:

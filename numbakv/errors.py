@@ -34,7 +34,7 @@ class BindingError(CacheError):
 
 
 class TraceError(CacheError):
-    """A trace file is corrupt, truncated or not a numbakv trace."""
+    """A trace file is corrupt, truncated, inconsistent or not a numbakv trace."""
 
 
 class ObserverError(Exception):

@@ -4,43 +4,27 @@ A `Recorder` listens to a cache (either implementation) through its observer hoo
 keeps one frame per step (or per verb): the cells that changed since the previous
 frame, `read_len`, the pool's rows, the live ids and the step's tokens. A `Trace`
 replays the frames as `Snapshot`s and derives the figures the plots draw.
+
+`load_trace` trusts nothing in the file: `numbakv.trace_file` reads it (refusing, before
+allocating, what `save` never writes) and `numbakv.trace_checks` holds the arrays to the
+cell table's invariants, so every accessor of a trace that loads works; anything else is
+a TraceError naming the reason.
 """
 
 import dataclasses
 import itertools
 import json
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from numbakv.config import CacheConfig
-from numbakv.errors import CacheError, TraceError
-from numbakv.observe import EVENTS
+from numbakv.errors import TraceError
 from numbakv.reference.step import window_mask
 from numbakv.snapshot import FREE, Snapshot, owner_codes
-
-FORMAT = "numbakv-trace/1"
-FRAME_EVENTS = ("start", *EVENTS)
-STEP_EVENT = FRAME_EVENTS.index("prepare_step")
-
-# name -> (dtype, dimensions after the first); every array of a trace, as saved
-ARRAYS = {
-    "events": (np.uint8, 0),  # [n_frames] index into FRAME_EVENTS
-    "read_len": (np.int32, 0),  # [n_frames]
-    "rows": (np.int32, 0),  # [n_frames]
-    "live": (np.bool_, 1),  # [n_frames, max_seqs]
-    "delta_offsets": (np.int64, 0),  # [n_frames + 1] frame f's changes: [offsets[f], offsets[f+1])
-    "delta_cells": (np.int32, 0),  # [n_changes] cell index
-    "delta_pos": (np.int32, 0),  # [n_changes] its new position
-    "delta_owners": (np.uint64, 1),  # [n_changes, n_owner_words] its new owners
-    "step_offsets": (np.int64, 0),  # [n_frames + 1] frame f's step rows (empty unless a step)
-    "step_cells": (np.int32, 0),  # [n_rows]
-    "step_positions": (np.int32, 0),  # [n_rows]
-    "step_seq_ids": (np.int32, 0),  # [n_rows]
-}
+from numbakv.trace_checks import check_arrays
+from numbakv.trace_file import ARRAYS, FORMAT, FRAME_EVENTS, STEP_EVENT, read_trace_file
 
 
 @dataclass(frozen=True)
@@ -71,9 +55,11 @@ class Trace:
     """Frames of a recorded workload. Build one with `Recorder.trace()` or `load_trace`."""
 
     def __init__(self, config: CacheConfig, arrays: dict[str, np.ndarray]):
+        """`arrays`: the arrays of `numbakv.trace_file.ARRAYS`; TraceError unless they are a
+        consistent trace of `config` (`numbakv.trace_checks.check_arrays`)."""
+        check_arrays(config, arrays)
         self.config = config
         self.arrays = arrays
-        _validate(config, arrays)
 
     @property
     def n_frames(self) -> int:
@@ -261,22 +247,16 @@ class Recorder:
 
 
 def load_trace(path) -> Trace:
-    """Reads a trace written by `Recorder.save`; a damaged file raises TraceError."""
+    """Reads a trace written by `Recorder.save`. Raises TraceError, naming the reason, for a
+    missing, damaged, hostile or inconsistent file (`numbakv.trace_file`,
+    `numbakv.trace_checks`); every accessor of a trace that loads works."""
+    config, arrays = read_trace_file(path)
     try:
-        with np.load(Path(path), allow_pickle=False) as data:
-            header = json.loads(str(data["header"][()]))
-            arrays = {name: data[name] for name in ARRAYS}
-    except FileNotFoundError:
-        raise TraceError(f"no trace file at {path}") from None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-        raise TraceError(f"{path} is not a readable numbakv trace ({error})") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise TraceError(f"{path} is not a {FORMAT} file")
-    try:
-        config = CacheConfig(**header["config"])
-    except (CacheError, TypeError, KeyError) as error:
-        raise TraceError(f"{path} holds a bad cache config ({error})") from None
-    return Trace(config, arrays)
+        return Trace(config, arrays)
+    except TraceError as error:
+        raise TraceError(
+            f"{path} is not a consistent numbakv trace ({error}); record it again"
+        ) from None
 
 
 def _changes(old_pos, old_owners, new_pos, new_owners):
@@ -300,41 +280,3 @@ def _changes(old_pos, old_owners, new_pos, new_owners):
 
 def _offsets(chunks: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum([len(chunk) for chunk in chunks])]).astype(np.int64)
-
-
-def _validate(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
-    """Raises TraceError unless the arrays are a consistent trace of `config`."""
-    for name, (dtype, extra_dims) in ARRAYS.items():
-        if a[name].dtype != dtype or a[name].ndim != 1 + extra_dims:
-            raise TraceError(
-                f"trace array {name!r} has dtype {a[name].dtype} and {a[name].ndim} dims"
-            )
-    n_frames = len(a["events"])
-    if n_frames == 0 or a["events"].max() >= len(FRAME_EVENTS):
-        raise TraceError("trace has no frames or an unknown event")
-    for name in ("read_len", "rows", "live"):
-        if len(a[name]) != n_frames:
-            raise TraceError(
-                f"trace array {name!r} has {len(a[name])} frames, events has {n_frames}"
-            )
-    if a["live"].shape[1] != config.max_seqs or a["delta_owners"].shape[1:] != (
-        config.n_owner_words,
-    ):
-        raise TraceError("trace arrays do not match the config's max_seqs")
-    for prefix, columns in (
-        ("delta", ("cells", "pos", "owners")),
-        ("step", ("cells", "positions", "seq_ids")),
-    ):
-        offsets = a[f"{prefix}_offsets"]
-        lengths = {len(a[f"{prefix}_{col}"]) for col in columns}
-        if (
-            len(offsets) != n_frames + 1
-            or offsets[0] != 0
-            or (np.diff(offsets) < 0).any()
-            or lengths != {offsets[-1]}
-        ):
-            raise TraceError(f"trace {prefix} offsets do not cover its {prefix} arrays")
-    if ((a["read_len"] < 0) | (a["read_len"] > config.capacity)).any():
-        raise TraceError("trace read_len outside [0, capacity]")
-    if ((a["delta_cells"] < 0) | (a["delta_cells"] >= max(a["read_len"].max(), 1))).any():
-        raise TraceError("trace changes name cells outside every frame's read_len")

@@ -1,5 +1,9 @@
 """Recording: the observer hook, frames that replay exactly, and the .npz trace file."""
 
+import io
+import re
+import time
+import tracemalloc
 import zipfile
 
 import numpy as np
@@ -9,7 +13,7 @@ from hypothesis import strategies as st
 
 from numbakv.errors import SequenceError, TraceError
 from numbakv.reference import CellCache
-from numbakv.trace import Recorder, load_trace
+from numbakv.trace import Recorder, Trace, load_trace
 
 from helpers import Snapshots, churn, small_config, step_with
 
@@ -127,16 +131,6 @@ def test_a_long_decode_trace_stores_only_changes(tmp_path):
 # -- damaged files -----------------------------------------------------------------
 
 
-@pytest.fixture
-def trace_file(tmp_path):
-    cache = CellCache(small_config())
-    recorder = Recorder(cache)
-    churn(cache, list(range(40)))
-    path = tmp_path / "good.npz"
-    recorder.save(path)
-    return path
-
-
 def rewrite(path, tmp_path, **changes):
     """A copy of the trace at `path` with some arrays replaced (None drops one)."""
     with np.load(path) as data:
@@ -198,7 +192,7 @@ def test_corrupt_member(trace_file, tmp_path):
         (dict(read_len=np.zeros(1, np.int32)), "frames"),
         (dict(rows=np.zeros((2, 2), np.int32)), "dims"),
         (dict(delta_offsets=np.zeros(3, np.int64)), "offsets"),
-        (dict(step_cells=np.zeros(0, np.float32)), "dtype"),
+        (dict(step_cells=np.zeros(0, np.float32)), "float32"),
     ],
 )
 def test_inconsistent_arrays(trace_file, tmp_path, changes, match):
@@ -210,3 +204,167 @@ def test_bad_config_in_header(trace_file, tmp_path):
     header = '{"format": "numbakv-trace/1", "config": {"n_layers": 0}}'
     with pytest.raises(TraceError, match="bad cache config"):
         load_trace(rewrite(trace_file, tmp_path, header=np.array(header)))
+
+
+# -- hostile and inconsistent files ----------------------------------------------------
+
+
+def members_of(path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def npy(array, **header) -> bytes:
+    """The .npy bytes of `array` (allow_pickle on); `header` overrides its header fields."""
+    out = io.BytesIO()
+    if header:
+        fields = np.lib.format.header_data_from_array_1_0(array) | header
+        np.lib.format.write_array_header_1_0(out, fields)
+        out.write(array.tobytes())
+    else:
+        np.save(out, array, allow_pickle=True)
+    return out.getvalue()
+
+
+def write_zip(path, members: dict[str, bytes], compression=zipfile.ZIP_DEFLATED):
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def mark_encrypted(path, name: str):
+    """Sets the 'encrypted' flag of member `name` in its local and central headers."""
+    data = bytearray(path.read_bytes())
+    for signature, flag_at, name_at in ((b"PK\x03\x04", 6, 30), (b"PK\x01\x02", 8, 46)):
+        at = data.find(signature)
+        while at >= 0:
+            if data[at + name_at : at + name_at + len(name)] == name.encode():
+                data[at + flag_at] |= 1
+            at = data.find(signature, at + 1)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_npy_file_is_not_a_trace(tmp_path):
+    path = tmp_path / "one.npy"
+    np.save(path, np.arange(4))
+    with pytest.raises(TraceError, match=r"one.npy .*single .npy array"):
+        load_trace(path)
+
+
+def test_a_folder_is_not_a_trace(tmp_path):
+    with pytest.raises(TraceError, match="is a folder"):
+        load_trace(tmp_path)
+
+
+def test_a_member_claiming_2_40_elements_is_refused_before_allocating(trace_file, tmp_path):
+    members = members_of(trace_file)
+    members["delta_cells.npy"] = npy(np.zeros(4, np.int32), shape=(2**40,))
+    path = write_zip(tmp_path / "huge.npz", members, zipfile.ZIP_STORED)
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(TraceError, match=r"declares shape \(1099511627776,\) of int32"):
+        load_trace(path)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < 1 and peak < 2**20  # no 4 TiB allocation attempted, not even 1 MiB
+
+
+def test_a_pickled_object_member_is_refused_unread(trace_file, tmp_path):
+    members = members_of(trace_file)
+    members["live.npy"] = npy(np.array([{"x": 1}, None], dtype=object))
+    with pytest.raises(TraceError, match=r"live\.npy holds Python objects"):
+        load_trace(write_zip(tmp_path / "pickle.npz", members))
+
+
+def test_zip_features_numbakv_never_writes_are_refused(trace_file, tmp_path):
+    bzip2 = write_zip(tmp_path / "bzip2.npz", members_of(trace_file), zipfile.ZIP_BZIP2)
+    with pytest.raises(TraceError, match="uses compression method 12, not stored"):
+        load_trace(bzip2)
+    encrypted = mark_encrypted(write_zip(tmp_path / "e.npz", members_of(trace_file)), "live.npy")
+    with pytest.raises(TraceError, match=r"member live\.npy is encrypted"):
+        load_trace(encrypted)
+
+
+def test_a_duplicated_member_is_refused(trace_file, tmp_path):
+    members = members_of(trace_file)
+    path = write_zip(tmp_path / "twice.npz", members)
+    with zipfile.ZipFile(path, "a") as archive, pytest.warns(UserWarning, match="Duplicate"):
+        archive.writestr("events.npy", members["events.npy"])
+    with pytest.raises(TraceError, match=r"two events\.npy members"):
+        load_trace(path)
+
+
+def test_a_fortran_ordered_member_loads_equal(trace_file, tmp_path):
+    expect = load_trace(trace_file)
+    got = load_trace(rewrite(trace_file, tmp_path, live=np.asfortranarray(expect.arrays["live"])))
+    np.testing.assert_array_equal(got.arrays["live"], expect.arrays["live"])
+    assert list(got.snapshots()) == list(expect.snapshots())
+
+
+def edited(trace_file, name, index, value):
+    """{name: a copy of that array of the trace with [index] = value}."""
+    with np.load(trace_file) as data:
+        array = data[name].copy()
+    array[index] = value
+    return {name: array}
+
+
+@pytest.mark.parametrize(
+    ("name", "index", "value", "match"),
+    [
+        ("step_seq_ids", 0, 99, "frame 1's step names sequence 99, past max_seqs=4"),
+        ("step_seq_ids", 2, 3, "frame 3's step names sequence 3, which is not live"),
+        ("delta_cells", 0, 16, r"frame 1 changes cell 16, outside \[0, capacity=16\)"),
+        ("step_cells", 0, 16, r"frame 1's step places a token in cell 16, outside \[0, read_len=1"),
+        ("step_positions", 3, 5, "frame 3's step puts sequence 0 position 5 in cell 1"),
+        ("step_cells", 3, 0, "frame 3's step places two tokens in cell 0"),
+        ("rows", 5, 5, r"frame 5's pool has 5 rows, outside \[read_len=6, capacity=16\]"),
+        ("rows", 7, 12, "the pool shrinks at frame 7, from 16 to 12 rows"),
+        ("read_len", 2, 3, "frame 2's read_len 3 is not trimmed: cell 2 is free"),
+        ("read_len", 7, 10, "cell 10 is occupied from frame 7 while read_len drops to 10"),
+        ("read_len", 1, 17, r"frame 1's read_len 17 is outside \[0, capacity=16\]"),
+        ("delta_pos", 0, -1, "frame 1 gives cell 0 position -1 and some owners"),
+        ("delta_owners", (0, 0), 1 << 9, "an owner id past max_seqs=4"),
+        ("delta_owners", (1, 0), 8, "owned by sequence 3 from frame 2 while that sequence is not"),
+        ("events", 3, 0, "only that one, is the 'start' frame"),
+        ("step_offsets", 1, 1, "frame 0 is no step but has 1 step rows"),
+    ],
+)
+def test_frames_that_contradict_each_other(trace_file, tmp_path, name, index, value, match):
+    with pytest.raises(TraceError, match="not a consistent numbakv trace") as info:
+        load_trace(rewrite(trace_file, tmp_path, **edited(trace_file, name, index, value)))
+    assert re.search(match, str(info.value)), str(info.value)
+
+
+def test_padding_rows_are_all_minus_one(tmp_path):
+    cache = CellCache(small_config())
+    recorder = Recorder(cache)
+    step_with(cache, [cache.seq_new()], width=3)
+    path = tmp_path / "padded.npz"
+    recorder.save(path)
+    assert load_trace(path).step(1).seq_ids.tolist() == [0, -1, -1]
+    for name, index, value, match in [
+        ("step_cells", 1, 2, "row 1 is padding"),
+    ]:
+        with pytest.raises(TraceError, match=match):
+            load_trace(rewrite(path, tmp_path, **edited(path, name, index, value)))
+    first_is_padding = {n: np.full(3, -1, np.int32) for n in ("cells", "positions", "seq_ids")}
+    with pytest.raises(TraceError, match="step starts with padding"):
+        load_trace(rewrite(path, tmp_path, **{f"step_{n}": a for n, a in first_is_padding.items()}))
+    ids = {"step_seq_ids": np.array([0, -1, 0], np.int32)}
+    cells = {"step_cells": np.array([0, -1, 0], np.int32)}
+    positions = {"step_positions": np.array([0, -1, 0], np.int32)}
+    with pytest.raises(TraceError, match="real row after padding"):
+        load_trace(rewrite(path, tmp_path, **ids, **cells, **positions))
+
+
+def test_a_trace_built_in_memory_is_checked_too(trace_file):
+    good = load_trace(trace_file)
+    arrays = dict(good.arrays, step_seq_ids=good.arrays["step_seq_ids"] + 60)
+    with pytest.raises(TraceError, match="past max_seqs"):
+        Trace(good.config, arrays)
+    with pytest.raises(TraceError, match="a trace has the arrays"):
+        Trace(good.config, {"events": good.arrays["events"]})

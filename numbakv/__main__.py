@@ -1,0 +1,7 @@
+"""`python -m numbakv ARGS`: the `numbakv` command line (`numbakv.cli`)."""
+
+import sys
+
+from numbakv.cli import main
+
+sys.exit(main())

@@ -1,0 +1,235 @@
+"""The invariants a trace's arrays must hold, so that every accessor of a `Trace` that
+loaded (replay, `step(f).mask(w)`, metrics, timeline) works (numba-free).
+
+They are the cell table's (SPEC §2) read off the recorded changes: vectorized over the
+changes and the frames, never replaying the table frame by frame.
+"""
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.errors import TraceError
+from numbakv.trace_file import ARRAYS, FRAME_EVENTS, STEP_EVENT
+
+
+def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+    """Raises TraceError, naming the first broken rule, unless `a` (the arrays of ARRAYS)
+    is a trace of `config`:
+
+    - dtypes and dims as ARRAYS says; one entry per frame; offsets that cover their arrays;
+      frame 0, and only it, is "start";
+    - read_len <= rows <= capacity, and rows never shrink;
+    - each frame's changes are distinct cells of [0, capacity), ascending, each a real
+      change (a cell's first change occupies it); a cell is free (pos -1) exactly when it
+      has no owner; positions < max_seq_len; owners are ids < max_seqs, live for as long as
+      they own the cell;
+    - read_len is the trimmed extent: every occupied cell lies below it, the one just below
+      is occupied;
+    - only step frames have step rows, 1 to max_width of them: real rows, then padding (all
+      -1); a real row is a live sequence's token in a cell below read_len that no other row
+      of the step uses, and that cell holds the token's position and that sequence alone.
+    """
+    _check_layout(config, a)
+    history = _History(a)
+    _check_changes(config, a, history)
+    _check_extent(a, history)
+    _check_owners_live(config, a, history)
+    _check_steps(config, a, history)
+
+
+def _first(bad: np.ndarray) -> int | None:
+    """The first index where `bad` holds, or None."""
+    where = np.flatnonzero(bad)
+    return int(where[0]) if where.size else None
+
+
+def _check_layout(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+    if not isinstance(a, dict) or a.keys() != ARRAYS.keys():
+        raise TraceError(f"a trace has the arrays {list(ARRAYS)}; got {list(a)}")
+    for name, (dtype, extra_dims) in ARRAYS.items():
+        x = a[name]
+        if not isinstance(x, np.ndarray) or x.dtype != dtype or x.ndim != 1 + extra_dims:
+            raise TraceError(
+                f"trace array {name!r} has dtype {getattr(x, 'dtype', type(x).__name__)} and "
+                f"{getattr(x, 'ndim', '?')} dims; a trace's has {np.dtype(dtype)} and "
+                f"{1 + extra_dims}"
+            )
+    events, n_frames = a["events"], len(a["events"])
+    if n_frames == 0 or events.max() >= len(FRAME_EVENTS):
+        raise TraceError("trace has no frames or an unknown event")
+    if events[0] != 0 or (events[1:] == 0).any():
+        raise TraceError("a trace's first frame, and only that one, is the 'start' frame")
+    for name in ("read_len", "rows", "live"):
+        if len(a[name]) != n_frames:
+            raise TraceError(f"trace array {name!r} has {len(a[name])} frames, events {n_frames}")
+    if a["live"].shape[1] != config.max_seqs:
+        raise TraceError(f"trace live has {a['live'].shape[1]} ids; max_seqs={config.max_seqs}")
+    if a["delta_owners"].shape[1] != config.n_owner_words:
+        raise TraceError(
+            f"trace owners have {a['delta_owners'].shape[1]} words; max_seqs={config.max_seqs} "
+            f"needs {config.n_owner_words}"
+        )
+    columns = {"delta": ("cells", "pos", "owners"), "step": ("cells", "positions", "seq_ids")}
+    for prefix, names in columns.items():
+        offsets = a[f"{prefix}_offsets"]
+        lengths = {len(a[f"{prefix}_{name}"]) for name in names}
+        if (
+            len(offsets) != n_frames + 1
+            or offsets[0] != 0
+            or (np.diff(offsets) < 0).any()
+            or lengths != {offsets[-1]}
+        ):
+            raise TraceError(f"trace {prefix} offsets do not cover its {prefix} arrays")
+    read_len, rows, capacity = a["read_len"], a["rows"], config.capacity
+    if (f := _first((read_len < 0) | (read_len > capacity))) is not None:
+        raise TraceError(f"frame {f}'s read_len {read_len[f]} is outside [0, {capacity=}]")
+    if (f := _first((rows < read_len) | (rows > capacity))) is not None:
+        raise TraceError(
+            f"frame {f}'s pool has {rows[f]} rows, outside [read_len={read_len[f]}, {capacity=}]"
+        )
+    if (f := _first(np.diff(rows) < 0)) is not None:
+        raise TraceError(f"the pool shrinks at frame {f + 1}, from {rows[f]} to {rows[f + 1]} rows")
+
+
+class _History:
+    """The changes sorted by (cell, frame); change i holds for frames [start[i], end[i])."""
+
+    def __init__(self, a: dict[str, np.ndarray]):
+        self.n_frames = len(a["events"])
+        self.frame = np.repeat(np.arange(self.n_frames), np.diff(a["delta_offsets"]))  # unsorted
+        order = np.lexsort((self.frame, a["delta_cells"]))
+        self.cells, self.start = a["delta_cells"][order], self.frame[order]
+        self.pos, self.owners = a["delta_pos"][order], a["delta_owners"][order]
+        same = self.cells[1:] == self.cells[:-1]  # change i + 1 is the next of change i's cell
+        self.is_first = np.concatenate([[True], ~same])[: len(self.cells)]
+        self.end = np.where(np.append(same, False), np.append(self.start[1:], 0), self.n_frames)
+        self.keys = self.cells.astype(np.int64) * self.n_frames + self.start
+
+    def state(self, cells: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([n] int32 pos, [n, n_owner_words] uint64 owners) of each of `cells` right after
+        its frame of `frames` ([n] each): its last change by then (free before any)."""
+        j = np.searchsorted(self.keys, cells.astype(np.int64) * self.n_frames + frames, "right")
+        j -= 1
+        if len(self.cells):
+            j[self.cells[np.maximum(j, 0)] != cells] = -1
+        pos = np.append(self.pos, np.int32(-1))  # index -1: a free cell
+        owners = np.vstack([self.owners, np.zeros((1, self.owners.shape[1]), np.uint64)])
+        return pos[j], owners[j]
+
+
+def _check_changes(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
+    cells, pos, owners, frame = a["delta_cells"], a["delta_pos"], a["delta_owners"], h.frame
+    if (i := _first((cells < 0) | (cells >= config.capacity))) is not None:
+        raise TraceError(
+            f"frame {frame[i]} changes cell {cells[i]}, outside [0, capacity={config.capacity})"
+        )
+    if (i := _first((frame[1:] == frame[:-1]) & (cells[1:] <= cells[:-1]))) is not None:
+        raise TraceError(f"frame {frame[i]} lists cell {cells[i + 1]} out of order or twice")
+    if (i := _first((pos < -1) | (pos >= config.max_seq_len))) is not None:
+        raise TraceError(
+            f"frame {frame[i]} gives cell {cells[i]} position {pos[i]}, outside "
+            f"[-1, max_seq_len={config.max_seq_len})"
+        )
+    if (i := _first((pos == -1) == owners.any(axis=1))) is not None:
+        raise TraceError(
+            f"frame {frame[i]} gives cell {cells[i]} position {pos[i]} and "
+            f"{'no' if pos[i] >= 0 else 'some'} owners; a cell is free exactly when unowned"
+        )
+    if config.max_seqs % 64:
+        past = owners[:, -1] >> np.uint64(config.max_seqs % 64) != 0
+        if (i := _first(past)) is not None:
+            raise TraceError(
+                f"frame {frame[i]} gives cell {cells[i]} an owner id past "
+                f"max_seqs={config.max_seqs}"
+            )
+    if (i := _first(h.is_first & (h.pos < 0))) is not None:
+        raise TraceError(f"frame {h.start[i]} frees cell {h.cells[i]}, which was never occupied")
+    again = ~h.is_first[1:] & (h.pos[1:] == h.pos[:-1]) & (h.owners[1:] == h.owners[:-1]).all(1)
+    if (i := _first(again)) is not None:
+        raise TraceError(
+            f"frame {h.start[i + 1]} records cell {h.cells[i + 1]} changing to the state it had"
+        )
+
+
+def _check_extent(a: dict[str, np.ndarray], h: _History) -> None:
+    """read_len is the trimmed extent: each occupied cell lies below it for as long as it is
+    occupied, and the cell just below it is occupied."""
+    read_len = a["read_len"]
+    occupied = np.flatnonzero(h.pos >= 0)
+    if len(occupied):  # the lowest read_len over each occupied stretch [start, end)
+        bounds = np.stack([h.start[occupied], h.end[occupied]], axis=1).ravel()
+        lowest = np.minimum.reduceat(np.append(read_len, 0), bounds)[::2]
+        if (i := _first(lowest <= h.cells[occupied])) is not None:
+            raise TraceError(
+                f"cell {h.cells[occupied[i]]} is occupied from frame {h.start[occupied[i]]} "
+                f"while read_len drops to {lowest[i]}; every occupied cell lies below read_len"
+            )
+    frames = np.flatnonzero(read_len > 0)
+    below, _ = h.state(read_len[frames] - 1, frames)
+    if (i := _first(below < 0)) is not None:
+        f = frames[i]
+        raise TraceError(
+            f"frame {f}'s read_len {read_len[f]} is not trimmed: cell {read_len[f] - 1} is free"
+        )
+
+
+def _check_owners_live(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
+    """Every owner of a cell is live for as long as the cell holds it."""
+    seen = np.bitwise_or.reduce(h.owners, axis=0)  # [n_owner_words]: every owner of a change
+    for seq in range(config.max_seqs):
+        word, bit = divmod(seq, 64)
+        if not (int(seen[word]) >> bit) & 1:
+            continue
+        has = np.flatnonzero((h.owners[:, word] >> np.uint64(bit)) & np.uint64(1))
+        dead = np.concatenate([[0], np.cumsum(~a["live"][:, seq])])  # [n_frames + 1]
+        if (i := _first(dead[h.end[has]] != dead[h.start[has]])) is not None:
+            raise TraceError(
+                f"cell {h.cells[has[i]]} is owned by sequence {seq} from frame "
+                f"{h.start[has[i]]} while that sequence is not live"
+            )
+
+
+def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
+    widths, is_step = np.diff(a["step_offsets"]), a["events"] == STEP_EVENT
+    if (f := _first(~is_step & (widths != 0))) is not None:
+        raise TraceError(f"frame {f} is no step but has {widths[f]} step rows")
+    if (f := _first(is_step & ((widths < 1) | (widths > config.max_width)))) is not None:
+        raise TraceError(
+            f"frame {f}'s step has width {widths[f]}, outside [1, max_width={config.max_width}]"
+        )
+    cells, positions, seq_ids = a["step_cells"], a["step_positions"], a["step_seq_ids"]
+    frame = np.repeat(np.arange(len(widths)), widths)
+    pad = seq_ids == -1
+    if (r := _first(pad & ((cells != -1) | (positions != -1)))) is not None:
+        raise TraceError(
+            f"frame {frame[r]}'s step row {r} is padding (sequence -1) with cell {cells[r]} "
+            f"and position {positions[r]}; padding rows are all -1"
+        )
+    if (r := _first(pad[:-1] & ~pad[1:] & (frame[1:] == frame[:-1]))) is not None:
+        raise TraceError(f"frame {frame[r]}'s step has a real row after padding; padding is last")
+    if (f := _first(is_step & np.append(pad, True)[a["step_offsets"][:-1]])) is not None:
+        raise TraceError(f"frame {f}'s step starts with padding; a step has a real token first")
+    real = np.flatnonzero(~pad)
+    f, c, p, s = frame[real], cells[real], positions[real], seq_ids[real]
+    if (i := _first((s < 0) | (s >= config.max_seqs))) is not None:
+        raise TraceError(
+            f"frame {f[i]}'s step names sequence {s[i]}, past max_seqs={config.max_seqs}"
+        )
+    if (i := _first(~a["live"][f, s])) is not None:
+        raise TraceError(f"frame {f[i]}'s step names sequence {s[i]}, which is not live")
+    if (i := _first((c < 0) | (c >= a["read_len"][f]))) is not None:
+        raise TraceError(
+            f"frame {f[i]}'s step places a token in cell {c[i]}, outside "
+            f"[0, read_len={a['read_len'][f[i]]})"
+        )
+    order = np.lexsort((c, f))
+    if (i := _first((np.diff(f[order]) == 0) & (np.diff(c[order]) == 0))) is not None:
+        raise TraceError(f"frame {f[order[i]]}'s step places two tokens in cell {c[order[i]]}")
+    held_pos, held_owners = h.state(c, f)
+    expect = np.zeros((len(real), config.n_owner_words), dtype=np.uint64)
+    expect[np.arange(len(real)), s // 64] = np.left_shift(np.uint64(1), (s % 64).astype(np.uint64))
+    if (i := _first((held_pos != p) | (held_owners != expect).any(axis=1))) is not None:
+        raise TraceError(
+            f"frame {f[i]}'s step puts sequence {s[i]} position {p[i]} in cell {c[i]}, but "
+            f"the table holds position {held_pos[i]} there, or other owners"
+        )

@@ -1,0 +1,71 @@
+"""Damaged trace files, a few hundred deterministic variants of each kind made by
+`benchmarks/trace_fuzz.py` (which runs many more): each is refused with a TraceError, or
+loads as a trace whose every accessor works — equal to the original when the damage was
+to the file's bytes (bit flips, truncation, splices)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trace_fuzz.py"
+N_VARIANTS = {
+    "bits": 1200,
+    "truncate": 150,
+    "splice": 150,
+    "member": 400,
+    "graft": 100,
+    "value": 400,
+    "config": 200,
+}
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("trace_fuzz", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fuzz = load_script()
+
+
+@pytest.fixture(scope="module")
+def originals():
+    return fuzz.Originals(seed=0)
+
+
+@pytest.mark.parametrize("kind", N_VARIANTS)
+def test_damage_is_refused_or_loads_a_working_trace(originals, kind):
+    rng = np.random.default_rng(list(N_VARIANTS).index(kind))
+    variants = fuzz.variants(kind, originals, rng, N_VARIANTS[kind])
+    counts = fuzz.run({kind: variants}, originals)[kind]
+    escapes = {name: n for name, n in counts.items() if name.startswith("ESCAPE")}
+    assert escapes == {}
+    assert sum(counts.values()) == N_VARIANTS[kind]
+    refused = sum(n for name, n in counts.items() if name.startswith("refused: "))
+    assert refused >= N_VARIANTS[kind] // 2, counts  # damage is seen, not shrugged off
+    if kind not in fuzz.REBUILT:
+        assert "other trace" not in counts
+
+
+def test_the_oracle_knows_a_good_file_and_a_different_one(originals, tmp_path):
+    path = tmp_path / "variant.npz"
+    expect, other = originals.trace, originals.other
+    path.write_bytes(originals.data)
+    assert fuzz.outcome(str(path), expect, others=()) == "equal"
+    path.write_bytes(originals.other_data)
+    assert fuzz.outcome(str(path), expect, others=()) == "ESCAPE loaded a different trace"
+    assert fuzz.outcome(str(path), expect, others=(other,)) == "equal to the other trace"
+    assert fuzz.outcome(str(path), expect, others=None) == "other trace"
+    path.write_bytes(originals.data[:100])
+    assert fuzz.outcome(str(path), expect, others=()).startswith("refused: ")
+
+
+def test_the_recorded_traces_use_every_feature(originals):
+    trace = originals.trace
+    events = set(trace.events)
+    assert {"seq_new", "seq_clone", "seq_rm", "rewind", "clear", "prepare_step"} <= events
+    assert (trace.arrays["step_seq_ids"] == -1).any()  # padded steps
+    assert trace.metrics()["saved"].max() > 0  # shared cells
