@@ -8,5 +8,6 @@ scheduler  which queued tokens go into the next batch (decodes first)
 executor   sessions over one cache and one model; batches in, logits and tokens out
 protocol   what the engine needs of an executor (`Executor` and `Lockstep` both are one)
 engine     continuous batching of generation requests
+requests   what the engine keeps and returns per request; the checks of a submission
 lockstep   two executors driven as one, every result checked against the second
 """

@@ -18,91 +18,47 @@ tokens it sampled:
   finish reason "error" and the error propagates; the other requests go on.
 
 Tokens stream through each request's `on_token` callback, through the events `step()`
-returns, and through the `stream()` iterator.
+returns, and through the `stream()` iterator. A step first does all its bookkeeping (every
+token appended, every finish handled, every next decode queued), then calls the callbacks
+in event order. A callback that raises ends its request: its samples still running end
+with finish reason "error" (tokens kept, sessions closed at once); a sample that had
+already ended, even on the token whose callback raised, keeps "stop" or "length"; the
+callback hears nothing more. The step's other callbacks still run; then the first exception
+(any BaseException) propagates from `step()`, with a note naming the request and any
+others that raised (each of those ends the same way); `stream()` yields the step's events
+first; `generate()` cancels its own unfinished requests, then raises. Stepping again goes
+on with the other requests, which get exactly the tokens they would have had. Callbacks may
+`submit` and `cancel`; stepping from a callback is refused (StepError, which counts as that
+callback raising).
+
+Thread safety: an `Engine` is safe to share between threads. One lock (re-entrant) guards
+its state; `submit`, `cancel`, `result`, `is_busy` and each step hold it, so one thread may
+submit or cancel while another steps, `stream()`s or `generate()`s; `stream()` holds it
+for one step at a time, never while its consumer runs. Callbacks run on the stepping thread
+with the lock held. The executor is used only under that lock.
 """
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import replace
 
-import numpy as np
-
-from numbakv.config import int_at_least
-from numbakv.errors import CapacityError, ConfigError
+from numbakv.errors import ConfigError, StepError
+from numbakv.serve._guards import integer, locked
 from numbakv.serve.executor import Input, Output
 from numbakv.serve.protocol import SessionExecutor
-from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
+from numbakv.serve.requests import (
+    Completion,
+    FinishReason,
+    Request,
+    Sample,
+    TokenEvent,
+    check_submission,
+)
+from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 from numbakv.serve.tokenizer import BYTE_TOKENIZER, Tokenizer
-
-FinishReason = Literal["length", "stop", "cancelled", "error"]
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """A token sampled for sample `sample` of request `request`, with the [vocab_size] float32
-    logits it was drawn from; `finish_reason` is set on the sample's last token."""
-
-    request: int
-    sample: int
-    token: int
-    logits: np.ndarray = field(repr=False)
-    finish_reason: FinishReason | None
-
-
-@dataclass(frozen=True)
-class RequestMetrics:
-    """time_to_first_token : seconds from submit to the first sampled token (None before it)
-    tokens_per_second      : tokens generated over all samples / seconds from submit to finish
-    n_steps                : engine steps that ran any of the request's tokens
-    n_tokens               : tokens generated over all samples"""
-
-    time_to_first_token: float | None
-    tokens_per_second: float | None
-    n_steps: int
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A request's result: per sample its tokens and why it ended (None while running)."""
-
-    request: int
-    prompt: list[int]
-    tokens: list[list[int]]
-    finish_reasons: list[FinishReason | None]
-    metrics: RequestMetrics
-
-
-@dataclass
-class _Sample:
-    index: int
-    session: int | None = None
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-
-
-@dataclass
-class _Request:
-    id: int
-    prompt: list[int]
-    max_new_tokens: int
-    sampling: Sampling
-    stop_tokens: frozenset[int]
-    n: int
-    on_token: Callable[[TokenEvent], None] | None
-    submitted_at: float
-    samples: list[_Sample] = field(default_factory=list)
-    n_prefilled: int = 0
-    n_steps: int = 0
-    first_token_at: float | None = None
-    finished_at: float | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finished_at is not None
 
 
 class Engine:
@@ -127,11 +83,13 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         tokenizer: Tokenizer = BYTE_TOKENIZER,
     ):
-        _check_parts(executor, tokenizer)
+        _check_parts(executor, tokenizer, clock)
         if scheduler is None:
             width = executor.max_width
             n_decodes = max(1, width // 2)
             scheduler = DecodeFirstScheduler(width, n_decodes, max(1, width - n_decodes))
+        if not isinstance(scheduler, DecodeFirstScheduler):
+            raise ConfigError(f"expected a DecodeFirstScheduler or None, got {scheduler!r}")
         if scheduler.pending():
             raise ConfigError("the scheduler has queued tasks; give the engine an empty one")
         self.executor = executor
@@ -139,13 +97,16 @@ class Engine:
         self.clock = clock
         self.tokenizer = tokenizer
         self.n_steps = 0
-        self._requests: dict[int, _Request] = {}
-        self._waiting: deque[_Request] = deque()
-        self._running: dict[int, tuple[_Request, _Sample]] = {}  # session -> its sample
+        self._lock = threading.RLock()
+        self._in_callbacks = False  # True while a step calls on_token callbacks
+        self._requests: dict[int, Request] = {}
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, tuple[Request, Sample]] = {}  # session -> its sample
         self._reserved = 0  # sessions admitted requests will still clone
 
     # -- requests --------------------------------------------------------------
 
+    @locked
     def submit(
         self,
         prompt: str | Sequence[int],
@@ -157,40 +118,20 @@ class Engine:
     ) -> int:
         """Queues a request and returns its id; it joins the batch at the next `step()` that
         has sessions for it. `prompt` is text (the tokenizer makes it tokens) or token ids
-        in [0, executor.vocab_size). Refused (ConfigError, CapacityError) when it could
-        never run."""
-        tokens = self._tokens(prompt)
-        max_new_tokens = int_at_least("max_new_tokens", max_new_tokens, 1)
-        n = int_at_least("n", n, 1)
-        check_sampling(sampling)
-        if n > self.executor.max_sessions:
-            raise CapacityError(
-                f"n={n} samples need more than max_sessions={self.executor.max_sessions}"
-            )
-        if len(tokens) + max_new_tokens > self.executor.max_session_tokens:
-            raise CapacityError(
-                f"a prompt of {len(tokens)} tokens and max_new_tokens={max_new_tokens} pass "
-                f"max_session_tokens={self.executor.max_session_tokens}"
-            )
-        request = _Request(
-            len(self._requests), tokens, max_new_tokens, sampling,
-            frozenset(int(t) for t in stop_tokens), n, on_token, self.clock(),
-        )  # fmt: skip
+        (ints, not bools) in [0, executor.vocab_size); `stop_tokens` any collection of such
+        ids; `on_token` a callable or None. Refused (ConfigError, CapacityError) with
+        nothing changed (no id used, nothing queued) when an argument is wrong or the
+        request could never run."""
+        args = (prompt, max_new_tokens, sampling, stop_tokens, n, on_token)
+        return self._queue(check_submission(self.executor, self.tokenizer, *args))
+
+    def _queue(self, fields: dict) -> int:
+        request = Request(len(self._requests), **fields, submitted_at=self.clock())
         self._requests[request.id] = request
         self._waiting.append(request)
         return request.id
 
-    def _tokens(self, prompt: str | Sequence[int]) -> list[int]:
-        """The prompt's tokens, or ConfigError when they are none or outside the vocabulary."""
-        if isinstance(prompt, str):
-            tokens = [int(t) for t in self.tokenizer.encode(prompt)]
-        else:
-            tokens = [int(t) for t in prompt]
-        vocab_size = self.executor.vocab_size
-        if not tokens or min(tokens) < 0 or max(tokens) >= vocab_size:
-            raise ConfigError(f"a prompt is 1 or more tokens in [0, {vocab_size}), got {tokens}")
-        return tokens
-
+    @locked
     def cancel(self, request: int) -> bool:
         """Stops a request, waiting or running: its queued work is dropped and its sessions
         close at once. False when it had already finished."""
@@ -200,20 +141,13 @@ class Engine:
         self._stop(r, "cancelled")
         return True
 
+    @locked
     def result(self, request: int) -> Completion:
         """The request's tokens so far, its finish reasons and metrics."""
-        r = self._request(request)
-        samples = r.samples or [_Sample(i) for i in range(r.n)]
-        n_tokens = sum(len(s.tokens) for s in samples)
-        ttft = None if r.first_token_at is None else r.first_token_at - r.submitted_at
-        elapsed = None if r.finished_at is None else r.finished_at - r.submitted_at
-        rate = n_tokens / elapsed if elapsed else None
-        return Completion(
-            r.id, list(r.prompt), [list(s.tokens) for s in samples],
-            [s.finish_reason for s in samples], RequestMetrics(ttft, rate, r.n_steps, n_tokens),
-        )  # fmt: skip
+        return self._request(request).completion()
 
     @property
+    @locked
     def is_busy(self) -> bool:
         """True while any request waits or runs."""
         return bool(self._waiting or self._running)
@@ -221,33 +155,26 @@ class Engine:
     # -- running ---------------------------------------------------------------
 
     def step(self) -> list[TokenEvent]:
-        """Admits what fits, runs one batch and returns the tokens it sampled ([] when idle)."""
-        self._admit()
-        batch = self.scheduler.next_batch()
-        if not batch:
-            return []
-        inputs = [self._input(work) for work in batch]
-        requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
-        try:
-            outputs = self.executor.execute(inputs)
-        except Exception:
-            for r in requests.values():  # their work left the queues: they cannot go on
-                self._stop(r, "error")
-            raise
-        self.n_steps += 1
-        for r in requests.values():
-            r.n_steps += 1
-        events: list[TokenEvent] = []
-        for work, out in zip(batch, outputs, strict=True):
-            if out.token is not None:
-                events += self._sampled(work, out)
+        """Admits what fits, runs one batch and returns the tokens it sampled ([] when idle).
+        Raises the first exception an `on_token` callback raised, once the step is done
+        (see the module docstring)."""
+        events, raised = self._step()
+        if raised is not None:
+            raise raised
         return events
 
     def stream(self) -> Iterator[TokenEvent]:
         """Steps until idle, yielding every token as it is sampled. Requests may be
-        submitted or cancelled between tokens."""
-        while self.is_busy:
-            yield from self.step()
+        submitted or cancelled between tokens, from any thread. When a callback raised,
+        the step's events are yielded, then the exception ends the iterator."""
+        while True:
+            with self._lock:
+                if not self.is_busy:
+                    return
+                events, raised = self._step()
+            yield from events
+            if raised is not None:
+                raise raised
 
     def generate(
         self,
@@ -258,19 +185,62 @@ class Engine:
         n: int = 1,
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[Completion]:
-        """Submits every prompt, steps until all are done, returns their completions in order;
-        `on_token` hears every token of these requests as it is sampled."""
-        ids = [self.submit(p, max_new_tokens, sampling, stop_tokens, n, on_token) for p in prompts]
-        while not all(self._requests[i].is_finished for i in ids):
-            self.step()
+        """Submits every prompt (all or none: each is checked first), steps until all are
+        done, returns their completions in order; `on_token` hears every token of these
+        requests as it is sampled. When a step raises (a callback, the executor), the
+        requests of this call still unfinished are cancelled, then the exception
+        propagates: nothing is left running that no caller holds an id of."""
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
+            raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}; for one: [p]")
+        with self._lock:
+            self._check_not_in_callbacks("generate")
+            args = (max_new_tokens, sampling, stop_tokens, n, on_token)
+            fields = [check_submission(self.executor, self.tokenizer, p, *args) for p in prompts]
+            ids = [self._queue(f) for f in fields]
+        requests = [self._requests[i] for i in ids]
+        try:
+            while not all(r.is_finished for r in requests):
+                self.step()
+        except BaseException:
+            with self._lock:
+                for r in requests:
+                    if not r.is_finished:
+                        self._stop(r, "cancelled")
+            raise
         return [self.result(i) for i in ids]
+
+    @locked
+    def _step(self) -> tuple[list[TokenEvent], BaseException | None]:
+        """One step: (its events, the first exception a callback raised or None)."""
+        self._check_not_in_callbacks("step")
+        self._admit()
+        batch = self.scheduler.next_batch()
+        if not batch:
+            return [], None
+        inputs = [self._input(work) for work in batch]
+        requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
+        try:
+            outputs = self.executor.execute(inputs)
+        except BaseException:
+            for r in requests.values():  # their work left the queues: they cannot go on
+                self._stop(r, "error")
+            raise
+        self.n_steps += 1
+        for r in requests.values():
+            r.n_steps += 1
+        events: list[TokenEvent] = []
+        for work, out in zip(batch, outputs, strict=True):
+            if out.token is not None:
+                events += self._sampled(work, out)
+        return events, self._call_back(events)
 
     def _admit(self) -> None:
         """Opens a session for each waiting request, oldest first, while sessions are free
         for all its samples; a request that does not fit holds back the ones behind it."""
         while self._waiting and self._waiting[0].n <= self.executor.free_sessions - self._reserved:
-            r = self._waiting.popleft()
-            sample = _Sample(0, self.executor.open_session(r.sampling))
+            r = self._waiting[0]
+            sample = Sample(0, self.executor.open_session(r.sampling))
+            self._waiting.popleft()
             r.samples.append(sample)
             self._reserved += r.n - 1
             self._running[sample.session] = (r, sample)
@@ -295,7 +265,7 @@ class Engine:
         r, sample = self._running[work.session]
         pairs = [(sample, out.token)]
         for i, (session, token) in enumerate(out.forks, start=1):
-            clone = _Sample(i, session)
+            clone = Sample(i, session)
             r.samples.append(clone)
             self._running[session] = (r, clone)
             pairs.append((clone, token))
@@ -304,7 +274,8 @@ class Engine:
             r.first_token_at = self.clock()
         return [self._emit(r, s, token, out.logits) for s, token in pairs]
 
-    def _emit(self, r: _Request, sample: _Sample, token: int, logits) -> TokenEvent:
+    def _emit(self, r: Request, sample: Sample, token: int, logits) -> TokenEvent:
+        """Appends `token` to `sample`, then queues its next decode or ends it."""
         sample.tokens.append(token)
         reason = None
         if token in r.stop_tokens:
@@ -315,12 +286,50 @@ class Engine:
             self.scheduler.submit([Task(sample.session, "decode", 1)])
         else:
             self._close(r, sample, reason)
-        event = TokenEvent(r.id, sample.index, token, logits, reason)
-        if r.on_token is not None:
-            r.on_token(event)
-        return event
+        return TokenEvent(r.id, sample.index, token, logits, reason)
 
-    def _stop(self, r: _Request, reason: FinishReason) -> None:
+    def _call_back(self, events: list[TokenEvent]) -> BaseException | None:
+        """Hands each event to its request's `on_token`, in order; a callback that raises
+        ends its request with "error" and hears nothing more. Returns the first exception
+        raised (noted with who raised), or None."""
+        raised: dict[int, BaseException] = {}  # request -> what its callback raised
+        self._in_callbacks = True
+        try:
+            for event in events:
+                r = self._requests[event.request]
+                if r.on_token is None or r.id in raised:
+                    continue
+                try:
+                    r.on_token(event)
+                except BaseException as error:
+                    raised[r.id] = error
+                    if not r.is_finished:
+                        self._stop(r, "error")
+        finally:
+            self._in_callbacks = False
+        if not raised:
+            return None
+        (first, error), *others = raised.items()
+        note = (
+            f"numbakv: on_token of request {first} raised this in engine step {self.n_steps}; "
+            "its running samples ended with finish reason 'error', the step's other "
+            "requests got their tokens; step() again to go on"
+        )
+        if others:
+            note += f"; on_token of requests {[i for i, _ in others]} raised too: " + ", ".join(
+                repr(e) for _, e in others
+            )
+        error.add_note(note)
+        return error
+
+    def _check_not_in_callbacks(self, what: str) -> None:
+        if self._in_callbacks:
+            raise StepError(
+                f"{what}() was called from an on_token callback, inside a step; callbacks "
+                "may submit() and cancel(); step from the loop that called step()"
+            )
+
+    def _stop(self, r: Request, reason: FinishReason) -> None:
         """Ends every unfinished sample of `r` with `reason`, closing its sessions."""
         if r in self._waiting:
             self._waiting.remove(r)
@@ -330,10 +339,10 @@ class Engine:
                 self._close(r, sample, reason)
         if r.samples:  # admitted: release the sessions its clones would have taken
             self._reserved -= r.n - len(r.samples)
-        r.samples += [_Sample(i, finish_reason=reason) for i in range(len(r.samples), r.n)]
+        r.samples += [Sample(i, finish_reason=reason) for i in range(len(r.samples), r.n)]
         r.finished_at = self.clock()
 
-    def _close(self, r: _Request, sample: _Sample, reason: FinishReason) -> None:
+    def _close(self, r: Request, sample: Sample, reason: FinishReason) -> None:
         """Ends a sample: its session closes now; the request finishes with its last sample."""
         sample.finish_reason = reason
         del self._running[sample.session]
@@ -341,15 +350,19 @@ class Engine:
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()
 
-    def _request(self, request: int) -> _Request:
+    def _request(self, request: int) -> Request:
+        request = integer("request", request, ConfigError, "; submit() returns request ids")
         if request not in self._requests:
-            raise ConfigError(f"no request {request}; submit() returns request ids")
+            raise ConfigError(
+                f"no request {request}: {len(self._requests)} were submitted, with ids from 0; "
+                "submit() returns request ids"
+            )
         return self._requests[request]
 
 
-def _check_parts(executor: SessionExecutor, tokenizer: Tokenizer) -> None:
-    """ConfigError unless `executor` is a `SessionExecutor` and `tokenizer` a `Tokenizer`
-    whose tokens the executor takes."""
+def _check_parts(executor: SessionExecutor, tokenizer: Tokenizer, clock) -> None:
+    """ConfigError unless `executor` is a `SessionExecutor`, `tokenizer` a `Tokenizer`
+    whose tokens the executor takes and `clock` a callable."""
     if not isinstance(executor, SessionExecutor):
         raise ConfigError(f"expected a SessionExecutor (an Executor, a Lockstep), got {executor!r}")
     if not isinstance(tokenizer, Tokenizer):
@@ -359,3 +372,5 @@ def _check_parts(executor: SessionExecutor, tokenizer: Tokenizer) -> None:
             f"the tokenizer's vocab_size={tokenizer.vocab_size} passes the executor's "
             f"vocab_size={executor.vocab_size}"
         )
+    if not callable(clock):
+        raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")

@@ -26,15 +26,27 @@ seed. That is how n samples of one prompt start:
     forks = tuple(Sampling(0.8, seed=seed + i) for i in range(1, n))
     [out] = executor.execute([Input(session, 0, prompt, forks=forks)])
     out.token, out.forks            # sample 0's token; ((clone, its token), ...) for 1..n-1
+
+Refusals name the bad value: a session id that is not an integer (bools, floats, strings
+refused) or not open (SequenceError); an input's tokens that are not a non-empty list (or
+1-d integer array) of ints in the vocabulary, a `sample` that is not a bool, forks that
+are not Samplings (StepError); a position that is not an integer >= 0 (ConfigError).
+
+Thread safety: an `Executor` is safe to share between threads. A re-entrant lock guards
+every public method and property (sessions, batches, sampling), so each call sees and
+leaves whole sessions; `cache` and `model` are the executor's own and are not guarded
+when used directly.
 """
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbakv.config import int_at_least
+from numbakv.config import CacheConfig, int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
+from numbakv.serve._guards import integer, locked, token_ids
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
@@ -89,7 +101,11 @@ class Executor:
         max_session_tokens: int,
         min_prefill: int = 2,
     ):
-        config = cache.config
+        if not isinstance(model, Model):
+            raise ConfigError(f"expected a Model, got {model!r}")
+        config = getattr(cache, "config", None)
+        if not isinstance(config, CacheConfig):
+            raise ConfigError(f"expected a cell cache (reference or device), got {cache!r}")
         mc = model.config
         geometry = (mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.windows)
         cache_geometry = (config.n_layers, config.n_kv_heads, config.head_dim, config.windows)
@@ -122,6 +138,7 @@ class Executor:
         self.cache = cache
         self._sampling: dict[int, Sampling] = {}
         self._rng: dict[int, np.random.Generator] = {}
+        self._lock = threading.RLock()
 
     # -- limits ----------------------------------------------------------------
 
@@ -138,49 +155,63 @@ class Executor:
     # -- sessions --------------------------------------------------------------
 
     @property
+    @locked
     def sessions(self) -> list[int]:
         """Open session ids, ascending."""
         return sorted(self._sampling)
 
     @property
+    @locked
     def free_sessions(self) -> int:
         """Sessions that can still be opened or cloned."""
         return self.max_sessions - len(self._sampling)
 
+    @locked
     def open_session(self, sampling: Sampling = GREEDY) -> int:
         """A new empty session (the lowest free sequence id) sampling with `sampling`."""
         check_sampling(sampling)
         self._check_room()
         return self._opened(self.cache.seq_new(), sampling)
 
+    @locked
     def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
         """A new session sharing `session`'s first `upto` positions (default all) without
         copying them; it samples with `sampling` (default the source's) from a fresh
         generator of that seed."""
-        self._check_open(session)
+        session = self._check_open(session)
         self._check_room()
         sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
         return self._opened(self.cache.seq_clone(session, upto), sampling)
 
+    @locked
     def close_session(self, session: int) -> None:
         """Ends `session`; its cells no other session shares are free at once."""
-        self._check_open(session)
+        session = self._check_open(session)
         self.cache.seq_rm(session)
         del self._sampling[session], self._rng[session]
 
+    @locked
     def length(self, session: int) -> int:
         """Positions `session` holds."""
-        self._check_open(session)
+        session = self._check_open(session)
         return self.cache.pos(session)
 
+    @locked
     def sample(self, session: int, logits: np.ndarray) -> int:
         """Draws `session`'s next token from `logits` ([vocab_size] float32) with its
         sampling. `execute` samples by itself; this is for schedulers of your own."""
-        self._check_open(session)
+        session = self._check_open(session)
+        logits = np.asarray(logits)
+        if logits.shape != (self.vocab_size,) or logits.dtype.kind != "f":
+            raise StepError(
+                f"logits have shape {logits.shape} and dtype {logits.dtype}; expected "
+                f"[vocab_size={self.vocab_size}] floats, an Output's logits"
+            )
         return sample_token(logits, self._sampling[session], self._rng[session])
 
     # -- batches ---------------------------------------------------------------
 
+    @locked
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
         """Runs `inputs` (see the module docstring) and returns one `Output` per input, in
         order. Refused with nothing changed when an input names a closed session, has no
@@ -190,7 +221,7 @@ class Executor:
         (CapacityError). A failure while running (the pool could not grow:
         `AllocationError`) rewinds the batch's sessions to where their inputs start, makes
         no clone, then raises."""
-        inputs = list(inputs)
+        inputs = self._checked_inputs(inputs)
         starts = self._check(inputs)
         for session, start in starts.items():
             if start < self.cache.pos(session):
@@ -235,21 +266,41 @@ class Executor:
             out[wanted] = self.model.forward(self.cache, step, [t for _, t in chunk], rows)
         return out
 
-    def _check(self, inputs: list[Input]) -> dict[int, int]:
-        """{session: the position its first input starts at}, or the error refusing the batch."""
+    def _checked_inputs(self, inputs) -> list[Input]:
+        """`inputs` as a list of `Input`s with int sessions (open), int positions >= 0,
+        token lists, bool `sample` and tuple forks, or the error refusing the batch."""
+        if isinstance(inputs, Input | str) or not isinstance(inputs, Sequence):
+            raise StepError(f"execute() takes a list of Inputs, got {inputs!r}; for one: [x]")
         if not inputs:
             raise StepError("execute() needs at least one input")
+        return [self._checked_input(x) for x in inputs]
+
+    def _checked_input(self, x: Input) -> Input:
+        if not isinstance(x, Input):
+            raise StepError(f"expected an Input, got {x!r}")
+        session = self._check_open(x.session)
+        name = f"session {session}'s tokens"
+        tokens = token_ids(name, x.tokens, self.vocab_size, StepError)
+        if not isinstance(x.sample, bool | np.bool_):
+            raise StepError(f"session {session}: sample must be True or False, got {x.sample!r}")
+        forks = x.forks
+        if not isinstance(forks, tuple | list) or not all(isinstance(f, Sampling) for f in forks):
+            raise StepError(f"session {session}: forks must be a tuple of Sampling, got {forks!r}")
+        if forks and not x.sample:
+            raise StepError(
+                f"session {session}: an input with forks samples its token (sample=True)"
+            )
+        position = int_at_least("position", x.position, 0)
+        return Input(session, position, tokens, bool(x.sample), tuple(forks))
+
+    def _check(self, inputs: list[Input]) -> dict[int, int]:
+        """{session: the position its first input starts at} of checked inputs, or the error
+        refusing the batch (a gap, an overlap, too many positions or forks)."""
         starts: dict[int, int] = {}
         ends: dict[int, int] = {}
         for x in inputs:
-            if not isinstance(x, Input):
-                raise StepError(f"expected an Input, got {x!r}")
-            self._check_open(x.session)
-            self._check_tokens(x)
-            self._check_forks(x)
-            position = int_at_least("position", x.position, 0)
-            ends[x.session] = self._check_span(x, position, ends.get(x.session))
-            starts.setdefault(x.session, position)
+            ends[x.session] = self._check_span(x, x.position, ends.get(x.session))
+            starts.setdefault(x.session, x.position)
         n_forks = sum(len(x.forks) for x in inputs)
         if n_forks > self.free_sessions:
             raise CapacityError(
@@ -281,32 +332,20 @@ class Executor:
             )
         return end
 
-    def _check_tokens(self, x: Input) -> None:
-        tokens = np.asarray(x.tokens)
-        if tokens.ndim != 1 or len(tokens) == 0 or tokens.dtype.kind not in "iu":
-            raise StepError(f"session {x.session}: tokens must be a non-empty list of ints")
-        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
-            raise StepError(f"session {x.session}: tokens must lie in [0, {self.vocab_size})")
-
-    def _check_forks(self, x: Input) -> None:
-        forks = x.forks
-        if not isinstance(forks, tuple | list) or not all(isinstance(f, Sampling) for f in forks):
-            raise StepError(
-                f"session {x.session}: forks must be a tuple of Sampling, got {forks!r}"
-            )
-        if forks and not x.sample:
-            raise StepError(
-                f"session {x.session}: an input with forks samples its token (sample=True)"
-            )
-
     def _opened(self, session: int, sampling: Sampling) -> int:
         self._sampling[session] = sampling
         self._rng[session] = sampling.generator()
         return session
 
-    def _check_open(self, session: int) -> None:
+    def _check_open(self, session) -> int:
+        """`session` as an int when it is an open session, else SequenceError."""
+        hint = "; use an id open_session() returned"
+        session = integer("session", session, SequenceError, hint)
         if session not in self._sampling:
-            raise SequenceError(f"session {session} is not open; open_session() first")
+            raise SequenceError(
+                f"session {session} is not open (open: {self.sessions}); open_session() first"
+            )
+        return session
 
     def _check_room(self) -> None:
         if not self.free_sessions:

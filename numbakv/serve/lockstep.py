@@ -1,13 +1,18 @@
 """`Lockstep`: two executors driven as one, every result of the first checked against the
 second. Give it an executor over the device cache and one over the reference cache, and any
 driver (the `Engine`, a test, your scheduler) is differentially tested as it runs. It is a
-`SessionExecutor`, so the `Engine` takes it as it takes an `Executor`."""
+`SessionExecutor`, so the `Engine` takes it as it takes an `Executor`.
 
+Thread safety: like an `Executor`, a `Lockstep` is safe to share; one re-entrant lock
+makes each call run on both executors before another call starts."""
+
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from numbakv.errors import ConfigError
+from numbakv.serve._guards import locked, real
 from numbakv.serve.executor import Executor, Input, Output
 from numbakv.serve.sampling import GREEDY, Sampling
 
@@ -30,6 +35,12 @@ class Lockstep:
     """
 
     def __init__(self, executor: Executor, reference: Executor, rtol: float = 1e-4):
+        for name, ex in (("executor", executor), ("reference", reference)):
+            if not isinstance(ex, Executor):
+                raise ConfigError(f"{name} must be an Executor, got {ex!r}")
+        rtol = real("rtol", rtol, ConfigError)
+        if not 0 <= rtol < np.inf:
+            raise ConfigError(f"rtol={rtol} must be finite and >= 0")
         if executor.vocab_size != reference.vocab_size:
             raise ConfigError(
                 f"the executor's vocab_size={executor.vocab_size} is not the reference's "
@@ -40,6 +51,7 @@ class Lockstep:
         self.rtol = rtol
         self.n_steps = 0
         self.max_logit_error = 0.0
+        self._lock = threading.RLock()
 
     @property
     def cache(self):
@@ -70,19 +82,24 @@ class Lockstep:
         """Sessions that can still be opened or cloned (`executor`'s)."""
         return self.executor.free_sessions
 
+    @locked
     def open_session(self, sampling: Sampling = GREEDY) -> int:
         return self._same("open_session", lambda e: e.open_session(sampling))
 
+    @locked
     def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
         return self._same("clone", lambda e: e.clone(session, upto, sampling))
 
+    @locked
     def close_session(self, session: int) -> None:
         self._both(lambda e: e.close_session(session))
         self._check_tables("close_session")
 
+    @locked
     def sample(self, session: int, logits: np.ndarray) -> int:
         return self._same("sample", lambda e: e.sample(session, logits))
 
+    @locked
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
         got, expect = self._both(lambda e: e.execute(inputs))
         for g, e in zip(got, expect, strict=True):

@@ -12,6 +12,7 @@ default, the byte tokenizer's). float32 throughout; no numba.
     logits = model.forward(cache, step, encode("hello"), rows=[4])   # [1, vocab_size] float32
 """
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from numbakv.checks import as_host
 from numbakv.config import CacheConfig, int_at_least
 from numbakv.errors import ConfigError, StepError
+from numbakv.serve._guards import real, token_ids
 
 # re-exported for code of numbakv 0.1 (`from numbakv.model import decode`); see tokenizer
 from numbakv.serve.tokenizer import VOCAB_SIZE as VOCAB_SIZE
@@ -53,6 +55,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
             object.__setattr__(self, name, int_at_least(name, getattr(self, name), 1))
+        if isinstance(self.windows, str) or not isinstance(self.windows, Iterable):
+            raise ConfigError(f"windows must be a tuple of ints (0 = global), got {self.windows!r}")
         windows = tuple(int_at_least("window", w, 0) for w in self.windows)
         if not windows:
             raise ConfigError("windows needs one entry per layer, got none")
@@ -63,9 +67,12 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotary pairs")
-        if not (self.rope_theta > 1 and self.norm_eps > 0):
+        for name in ("rope_theta", "norm_eps"):
+            object.__setattr__(self, name, real(name, getattr(self, name), ConfigError))
+        if not (1 < self.rope_theta < np.inf and 0 < self.norm_eps < np.inf):
             raise ConfigError(
-                f"rope_theta={self.rope_theta} must be > 1, norm_eps={self.norm_eps} > 0"
+                f"rope_theta={self.rope_theta} must be > 1, norm_eps={self.norm_eps} > 0 "
+                "(both finite)"
             )
 
     @property
@@ -97,15 +104,18 @@ class Model:
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]):
+        if not isinstance(config, ModelConfig):
+            raise ConfigError(f"expected a ModelConfig, got {config!r}")
+        if not isinstance(weights, Mapping):
+            raise ConfigError(f"weights must be a dict of name -> array, got {weights!r}")
         expected = weight_shapes(config)
         if set(weights) != set(expected):
             missing, extra = set(expected) - set(weights), set(weights) - set(expected)
             raise ConfigError(f"weights missing {sorted(missing)}, unexpected {sorted(extra)}")
-        for name, shape in expected.items():
-            if np.shape(weights[name]) != shape:
-                raise ConfigError(f"weight {name} has shape {np.shape(weights[name])}, not {shape}")
         self.config = config
-        self.weights = {name: np.asarray(w, dtype=np.float32) for name, w in weights.items()}
+        self.weights = {
+            name: _weight(name, weights[name], shape) for name, shape in expected.items()
+        }
         half = config.head_dim // 2
         self._inv_freq = config.rope_theta ** (-np.arange(half, dtype=np.float64) / half)
 
@@ -154,12 +164,10 @@ class Model:
         rows   : int indices into [0, step.width) whose logits are wanted
         """
         cfg, w = self.config, self.weights
-        tokens = np.asarray(tokens)
-        is_valid = np.all((tokens >= 0) & (tokens < cfg.vocab_size))
-        if tokens.shape != (step.width,) or not is_valid:
-            raise StepError(
-                f"tokens must be [{step.width}] ints in [0, {cfg.vocab_size}), got {tokens}"
-            )
+        tokens = np.asarray(token_ids("tokens", tokens, cfg.vocab_size, StepError))
+        if tokens.shape != (step.width,):
+            raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
+        rows = _rows(rows, step.width)
         cos, sin = self._rotary(np.maximum(step.positions, 0))
         x = w["embed"][tokens]  # [width, d_model]
         for layer in range(cfg.n_layers):
@@ -173,7 +181,7 @@ class Model:
             x = x + attended.reshape(step.width, -1) @ w[p + "wo"]
             h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
             x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
-        x = rms_norm(x[np.asarray(rows, dtype=np.int64)], w["final_norm"], cfg.norm_eps)
+        x = rms_norm(x[rows], w["final_norm"], cfg.norm_eps)
         return x @ w["lm_head"]
 
     def _heads(self, x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -186,6 +194,30 @@ class Model:
         return np.cos(angles)[:, None].astype(np.float32), np.sin(angles)[:, None].astype(
             np.float32
         )
+
+
+def _weight(name: str, value, shape: tuple[int, ...]) -> np.ndarray:
+    """`value` as a float32 array of `shape`, or ConfigError: real numbers, all finite."""
+    array = np.asarray(value)
+    if array.shape != shape:
+        raise ConfigError(f"weight {name} has shape {array.shape}, not {shape}")
+    if array.dtype.kind not in "fiu":
+        raise ConfigError(f"weight {name} has dtype {array.dtype}; give real numbers (float32)")
+    with np.errstate(over="ignore"):  # past float32's range: inf, refused below
+        array = array.astype(np.float32)
+    if not np.isfinite(array).all():
+        raise ConfigError(f"weight {name} holds NaN or inf (as float32); give finite weights")
+    return array
+
+
+def _rows(rows, width: int) -> np.ndarray:
+    """`rows` as an int64 array of indices into [0, width), or StepError."""
+    array = np.asarray(rows)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise StepError(f"rows must be a list of ints in [0, {width}), got {rows!r}")
+    if array.size and not (array.min() >= 0 and array.max() < width):
+        raise StepError(f"rows {array.tolist()} must lie in [0, step width={width})")
+    return array.astype(np.int64)
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

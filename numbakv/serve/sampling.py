@@ -11,6 +11,7 @@ import numpy as np
 
 from numbakv.config import int_at_least
 from numbakv.errors import ConfigError
+from numbakv.serve._guards import real
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,14 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not float(self.temperature) >= 0:
-            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0 < float(self.top_p) <= 1:
-            raise ConfigError(f"top_p={self.top_p} must be in (0, 1]")
+        temperature = real("temperature", self.temperature, ConfigError)
+        if not 0 <= temperature < np.inf:
+            raise ConfigError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
+        top_p = real("top_p", self.top_p, ConfigError)
+        if not 0 < top_p <= 1:
+            raise ConfigError(f"top_p={top_p} must be in (0, 1]")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "top_k", int_at_least("top_k", self.top_k, 0))
         object.__setattr__(self, "seed", int_at_least("seed", self.seed, 0))
 

@@ -31,6 +31,8 @@ waits only behind older decodes. A prefill head waits at most one batch per sess
 of it in the rotation when `max_decode_sequences + max_prefill_chunk <= max_batch_tokens`;
 with a larger sum a full-size chunk can wait while decodes keep arriving (chunks are not
 split to fit).
+
+Not thread-safe by itself: the `Engine` calls its scheduler only under the engine's lock.
 """
 
 from collections import deque
@@ -94,6 +96,8 @@ class DecodeFirstScheduler:
 
     def submit(self, tasks: Sequence[Task]) -> None:
         """Queue `tasks` in order, all or none: every task is checked before any is queued."""
+        if isinstance(tasks, Task) or not isinstance(tasks, Sequence):
+            raise ConfigError(f"submit() takes a list of Tasks, got {tasks!r}; for one: [task]")
         checked = [_check(task) for task in tasks]
         for task in checked:
             if task.session not in self._queues:
@@ -105,6 +109,7 @@ class DecodeFirstScheduler:
     def cancel(self, session: int) -> list[Task]:
         """Remove and return `session`'s queued tasks in order, a partly served prefill with
         the tokens it has left; [] when nothing is queued for it."""
+        session = int_at_least("session", session, 0)
         queue = self._queues.pop(session, None)
         if queue is None:
             return []
@@ -114,6 +119,7 @@ class DecodeFirstScheduler:
     def pending(self, session: int | None = None) -> int:
         """Queued tokens, of `session` or of all sessions."""
         if session is not None:
+            session = int_at_least("session", session, 0)
             return sum(q.n_left for q in self._queues.get(session, ()))
         return sum(q.n_left for queue in self._queues.values() for q in queue)
 

@@ -1,0 +1,166 @@
+"""The `Engine`'s requests: what a caller gets back (`TokenEvent`, `Completion`,
+`RequestMetrics`), what the engine keeps per request and per sample, and the checks of a
+submission's arguments (ConfigError, naming the bad value, before anything is queued)."""
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from numbakv.config import int_at_least
+from numbakv.errors import CapacityError, ConfigError
+from numbakv.serve._guards import integer, token_ids
+from numbakv.serve.sampling import Sampling, check_sampling
+
+FinishReason = Literal["length", "stop", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token sampled for sample `sample` of request `request`, with the [vocab_size] float32
+    logits it was drawn from; `finish_reason` is set on the sample's last token."""
+
+    request: int
+    sample: int
+    token: int
+    logits: np.ndarray = field(repr=False)
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """time_to_first_token : seconds from submit to the first sampled token (None before it)
+    tokens_per_second      : tokens generated over all samples / seconds from submit to finish
+    n_steps                : engine steps that ran any of the request's tokens
+    n_tokens               : tokens generated over all samples"""
+
+    time_to_first_token: float | None
+    tokens_per_second: float | None
+    n_steps: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A request's result: per sample its tokens and why it ended (None while running)."""
+
+    request: int
+    prompt: list[int]
+    tokens: list[list[int]]
+    finish_reasons: list[FinishReason | None]
+    metrics: RequestMetrics
+
+
+@dataclass
+class Sample:
+    """One of a request's n samples: its session while it runs, its tokens, its end."""
+
+    index: int
+    session: int | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class Request:
+    """A submitted request and how far it got; `samples` fills as its clones are made."""
+
+    id: int
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: Sampling
+    stop_tokens: frozenset[int]
+    n: int
+    on_token: Callable[[TokenEvent], None] | None
+    submitted_at: float
+    samples: list[Sample] = field(default_factory=list)
+    n_prefilled: int = 0
+    n_steps: int = 0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finished_at is not None
+
+    def completion(self) -> Completion:
+        """Its tokens so far, its finish reasons and metrics."""
+        samples = self.samples or [Sample(i) for i in range(self.n)]
+        n_tokens = sum(len(s.tokens) for s in samples)
+        ttft = None if self.first_token_at is None else self.first_token_at - self.submitted_at
+        elapsed = None if self.finished_at is None else self.finished_at - self.submitted_at
+        rate = n_tokens / elapsed if elapsed else None
+        return Completion(
+            self.id, list(self.prompt), [list(s.tokens) for s in samples],
+            [s.finish_reason for s in samples],
+            RequestMetrics(ttft, rate, self.n_steps, n_tokens),
+        )  # fmt: skip
+
+
+def check_submission(
+    executor, tokenizer, prompt, max_new_tokens, sampling, stop_tokens, n, on_token
+) -> dict:
+    """`Engine.submit`'s arguments, checked against `executor`'s limits, as the fields of a
+    `Request`; ConfigError or CapacityError at the first wrong one."""
+    tokens = prompt_tokens(prompt, tokenizer, executor.vocab_size)
+    max_new_tokens = int_at_least("max_new_tokens", max_new_tokens, 1)
+    n = int_at_least("n", n, 1)
+    check_sampling(sampling)
+    stop_tokens = check_stop_tokens(stop_tokens, executor.vocab_size)
+    check_on_token(on_token)
+    if n > executor.max_sessions:
+        raise CapacityError(
+            f"n={n} samples need more than max_sessions={executor.max_sessions}; "
+            f"ask for n <= {executor.max_sessions}"
+        )
+    if len(tokens) + max_new_tokens > executor.max_session_tokens:
+        raise CapacityError(
+            f"a prompt of {len(tokens)} tokens and max_new_tokens={max_new_tokens} pass "
+            f"max_session_tokens={executor.max_session_tokens}; shorten one of them"
+        )
+    return dict(
+        prompt=tokens, max_new_tokens=max_new_tokens, sampling=sampling,
+        stop_tokens=stop_tokens, n=n, on_token=on_token,
+    )  # fmt: skip
+
+
+def prompt_tokens(prompt, tokenizer, vocab_size: int) -> list[int]:
+    """The prompt's tokens (text through `tokenizer`, or token ids as they are), or
+    ConfigError when they are none, not ints or outside [0, vocab_size)."""
+    if isinstance(prompt, str):
+        tokens = tokenizer.encode(prompt)
+        return token_ids("tokenizer.encode(prompt)", tokens, vocab_size, ConfigError)
+    return token_ids("prompt", prompt, vocab_size, ConfigError)
+
+
+def check_stop_tokens(stop_tokens, vocab_size: int) -> frozenset[int]:
+    """The stop tokens as a set of ints in [0, vocab_size), or ConfigError. Any collection
+    of ids will do (a list, a tuple, a set, a 1-d array); a str, bytes, a mapping, a bare
+    int or None are refused."""
+    expected = f"a collection of token ids in [0, {vocab_size}), e.g. [2] or () for none"
+    is_text = isinstance(stop_tokens, str | bytes | bytearray)
+    if is_text or isinstance(stop_tokens, Mapping) or not isinstance(stop_tokens, Collection):
+        hint = "; tokenizer.encode(text) gives a text's ids" if is_text else ""
+        raise ConfigError(f"stop_tokens must be {expected}, got {stop_tokens!r}{hint}")
+    if isinstance(stop_tokens, np.ndarray) and stop_tokens.ndim != 1:
+        shape = stop_tokens.shape
+        raise ConfigError(f"stop_tokens is an array of shape {shape}; expected {expected}")
+    hint = f"; stop_tokens must be {expected}"
+    tokens = frozenset(integer("a stop token", t, ConfigError, hint) for t in stop_tokens)
+    outside = sorted(t for t in tokens if not 0 <= t < vocab_size)
+    if outside:
+        raise ConfigError(
+            f"stop tokens {outside} are outside the vocabulary [0, {vocab_size}): they could "
+            f"never be sampled; give stop_tokens as {expected}"
+        )
+    return tokens
+
+
+def check_on_token(on_token) -> Callable[[TokenEvent], None] | None:
+    """`on_token` when it is None or callable, else ConfigError."""
+    if on_token is not None and not callable(on_token):
+        raise ConfigError(
+            f"on_token must be a callable taking a TokenEvent, or None; got {on_token!r}"
+        )
+    return on_token
