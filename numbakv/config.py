@@ -114,16 +114,17 @@ def _set(config: CacheConfig, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
-def as_int(name: str, value, error: type[CacheError] = ConfigError) -> int:
-    """`value` as an int, or `error` naming `name`: integers are the values `operator.index`
-    takes (int, NumPy integers, 0-d integer arrays) except bools."""
+def as_int(name: str, value, error: type[CacheError] = ConfigError, hint: str = "") -> int:
+    """`value` as an int, or `error` naming `name`, the value and `hint` (what to do):
+    integers are the values `operator.index` takes (int, NumPy integers, 0-d integer
+    arrays) except bools."""
     if not isinstance(value, bool | np.bool_):
         try:
             return operator.index(value)
         except TypeError:
             pass
     text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    raise error(f"{name} must be an integer (not a bool, float, string or None), got {text}")
+    raise error(f"{name} must be an integer (not a bool, float, string or None), got {text}{hint}")
 
 
 def int_at_least(name: str, value, bound: int) -> int:

@@ -1,29 +1,16 @@
-"""Private helpers of the serving stack: argument checks that raise the caller's choice of
-numbakv error (SPEC §6), and the lock decorator of its thread-safe classes.
-
-An integer is anything `operator.index` takes except a bool (`True` is not a token id):
-Python ints, NumPy integer scalars, 0-d integer arrays. Floats (even 2.0), strings, None
-and arrays of rank >= 1 are refused.
+"""Private argument checks of the serving stack that raise the caller's choice of numbakv
+error (SPEC §6). Integers are `numbakv.config.as_int`'s: anything `operator.index` takes
+except a bool (`True` is not a token id); floats (even 2.0), strings, None and arrays of
+rank >= 1 are refused. The thread-safe classes use `numbakv.observe.locked`.
 """
 
-import functools
 import numbers
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from numbakv.config import as_int
 from numbakv.errors import CacheError
-
-
-def integer(name: str, value, error: type[CacheError], hint: str = "") -> int:
-    """`value` as an int, or `error` naming `name`, the value and `hint` (what to do)."""
-    if not isinstance(value, bool | np.bool_):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise error(f"{name} must be an integer (not a bool, float or str), got {value!r}{hint}")
 
 
 def real(name: str, value, error: type[CacheError]) -> float:
@@ -48,7 +35,7 @@ def token_ids(name: str, tokens, vocab_size: int, error: type[CacheError]) -> li
     elif isinstance(tokens, str | bytes | bytearray) or not isinstance(tokens, Sequence):
         raise error(f"{name} must be {expected}, got {tokens!r}; give list(...) of the ids")
     hint = f"; {name} holds {expected}"
-    checked = [integer(f"{name}[{i}]", t, error, hint) for i, t in enumerate(tokens)]
+    checked = [as_int(f"{name}[{i}]", t, error, hint) for i, t in enumerate(tokens)]
     if not checked:
         raise error(f"{name} is empty; expected {expected}")
     for i, t in enumerate(checked):
@@ -58,14 +45,3 @@ def token_ids(name: str, tokens, vocab_size: int, error: type[CacheError]) -> li
                 f"{expected}"
             )
     return checked
-
-
-def locked(method: Callable) -> Callable:
-    """Runs `method` holding `self._lock` (a `threading.RLock`, so it may nest)."""
-
-    @functools.wraps(method)
-    def run_locked(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return run_locked

@@ -44,8 +44,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
+from numbakv.config import as_int
 from numbakv.errors import ConfigError, StepError
-from numbakv.serve._guards import integer, locked
+from numbakv.observe import locked
 from numbakv.serve.executor import Input, Output
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.requests import (
@@ -351,7 +352,7 @@ class Engine:
             r.finished_at = self.clock()
 
     def _request(self, request: int) -> Request:
-        request = integer("request", request, ConfigError, "; submit() returns request ids")
+        request = as_int("request", request, ConfigError, "; submit() returns request ids")
         if request not in self._requests:
             raise ConfigError(
                 f"no request {request}: {len(self._requests)} were submitted, with ids from 0; "

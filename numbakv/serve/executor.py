@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbakv.config import CacheConfig, int_at_least
+from numbakv.config import CacheConfig, as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
-from numbakv.serve._guards import integer, locked, token_ids
+from numbakv.observe import locked
+from numbakv.serve._guards import token_ids
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
@@ -340,7 +341,7 @@ class Executor:
     def _check_open(self, session) -> int:
         """`session` as an int when it is an open session, else SequenceError."""
         hint = "; use an id open_session() returned"
-        session = integer("session", session, SequenceError, hint)
+        session = as_int("session", session, SequenceError, hint)
         if session not in self._sampling:
             raise SequenceError(
                 f"session {session} is not open (open: {self.sessions}); open_session() first"

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from numbakv.errors import ConfigError
-from numbakv.serve._guards import locked, real
+from numbakv.observe import locked
+from numbakv.serve._guards import real
 from numbakv.serve.executor import Executor, Input, Output
 from numbakv.serve.sampling import GREEDY, Sampling
 

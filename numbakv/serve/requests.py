@@ -8,9 +8,9 @@ from typing import Literal
 
 import numpy as np
 
-from numbakv.config import int_at_least
+from numbakv.config import as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError
-from numbakv.serve._guards import integer, token_ids
+from numbakv.serve._guards import token_ids
 from numbakv.serve.sampling import Sampling, check_sampling
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
@@ -147,7 +147,7 @@ def check_stop_tokens(stop_tokens, vocab_size: int) -> frozenset[int]:
         shape = stop_tokens.shape
         raise ConfigError(f"stop_tokens is an array of shape {shape}; expected {expected}")
     hint = f"; stop_tokens must be {expected}"
-    tokens = frozenset(integer("a stop token", t, ConfigError, hint) for t in stop_tokens)
+    tokens = frozenset(as_int("a stop token", t, ConfigError, hint) for t in stop_tokens)
     outside = sorted(t for t in tokens if not 0 <= t < vocab_size)
     if outside:
         raise ConfigError(
