@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.config import CacheConfig, as_int
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.config import CacheConfig, as_int, short_repr
+from numbakv.errors import CacheError, CapacityError, SequenceError, StepError
 
 SHOWN_IDS = 8  # live ids a SequenceError lists, at most
 FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
@@ -31,15 +31,20 @@ def host_floats(name: str, x) -> np.ndarray:
     StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
     those that require grad included) and device arrays with `copy_to_host`; refuses
     integer, bool, complex, object and string arrays, which no cast makes into K/V."""
-    if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
-        x = x.detach()
-    try:
-        array = as_host(x)
-    except (TypeError, ValueError, RuntimeError) as error:
+    if hasattr(x, "__cuda_array_interface__") and not hasattr(x, "copy_to_host"):
         raise StepError(
-            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error}); pass a "
-            "float32 or float16 array (for a torch bfloat16 tensor: tensor.float())"
-        ) from None
+            f"{name}: {type(x).__name__} is a foreign device array; the reference reads host "
+            "arrays and numba device arrays: copy it to the host first (.get(), .cpu())"
+        )
+    try:
+        if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
+            x = x.detach()
+        array = as_host(x)
+    except Exception as error:  # whatever the object's conversion raises
+        raise StepError(
+            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error!r}); pass "
+            "a float32 or float16 array (for a torch bfloat16 tensor: tensor.float())"
+        ) from error
     check_float_dtype(name, array.dtype)
     return array
 
@@ -61,13 +66,19 @@ def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
     if isinstance(seq_ids, np.ndarray):
         is_list = seq_ids.ndim == 1
     else:
-        is_list = isinstance(seq_ids, Sequence) and not isinstance(seq_ids, str | bytes)
+        is_text = isinstance(seq_ids, str | bytes | bytearray | memoryview)
+        is_list = isinstance(seq_ids, Sequence) and not is_text
     if not is_list:
         raise StepError(
             f"declare_step takes a sequence of ids, one per token (a list or a 1-d array), "
-            f"got {_short(seq_ids)}"
+            f"got {short_repr(seq_ids)}"
         )
-    seq_ids = [table.check_live(seq) for seq in seq_ids]
+    try:
+        seq_ids = [table.check_live(seq) for seq in seq_ids]
+    except CacheError:
+        raise
+    except Exception as error:  # a sequence whose items cannot be read
+        raise StepError(f"cannot read the declared ids {short_repr(seq_ids)}: {error!r}") from error
     n = len(seq_ids)
     if not 1 <= n <= config.max_width:
         raise StepError(f"a step declares 1 to max_width={config.max_width} tokens, got {n}")
@@ -134,9 +145,12 @@ def check_scale(scale, head_dim: int) -> np.float32:
     real (an int or float, not a bool or a string) that stays so in float32."""
     if scale is None:
         return np.float32(1.0 / np.sqrt(head_dim))
-    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        with np.errstate(over="ignore"):
-            value = np.float32(scale)
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool | np.timedelta64):
+        try:
+            with np.errstate(over="ignore"):
+                value = np.float32(scale)
+        except OverflowError:  # an int or Fraction past every float
+            value = np.float32(np.inf)
         if math.isfinite(value) and value > 0:
             return value
     raise StepError(
@@ -191,9 +205,3 @@ def check_position(name: str, value, n: int, seq: int) -> int:
             f"{name}={value} is outside [0, {n}] for sequence {seq}, which holds {n} positions"
         )
     return value
-
-
-def _short(value) -> str:
-    """repr(value), cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

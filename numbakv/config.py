@@ -13,6 +13,7 @@ STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 STORAGE_ARRAYS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 DEFAULT_INITIAL_CELLS = 256
 INT32_MAX = 2**31 - 1  # cells, positions and ids travel as int32
+MAX_LAYERS = 2**16  # far past any model; bounded before `windows` is built
 # bounds no device reaches: a full pool of a tebibyte, fixed buffers of 64 GiB
 MAX_POOL_BYTES = 2**40
 MAX_FIXED_BYTES = 2**36
@@ -57,7 +58,8 @@ class CacheConfig:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
             _set(self, name, int_at_least(name, getattr(self, name), 1))
         capacity = int_at_least("capacity", self.capacity, self.max_width)
-        for name in ("max_seqs", "max_width", "capacity"):
+        _at_most("n_layers", self.n_layers, MAX_LAYERS)
+        for name in ("n_kv_heads", "head_dim", "max_seqs", "max_width", "capacity"):
             _at_most(name, getattr(self, name), INT32_MAX)
         _set(self, "capacity", capacity)
         _set(self, "windows", _windows(self.windows, self.n_layers))
@@ -121,10 +123,18 @@ def as_int(name: str, value, error: type[CacheError] = ConfigError, hint: str = 
     if not isinstance(value, bool | np.bool_):
         try:
             return operator.index(value)
-        except TypeError:
+        except Exception:  # TypeError, or whatever a hostile __index__ raises
             pass
-    text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    raise error(f"{name} must be an integer (not a bool, float, string or None), got {text}{hint}")
+    raise error(
+        f"{name} must be an integer (not a bool, float, string or None), got "
+        f"{short_repr(value)}{hint}"
+    )
+
+
+def short_repr(value) -> str:
+    """repr(value), cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def int_at_least(name: str, value, bound: int) -> int:
@@ -182,13 +192,14 @@ def _windows(windows, n_layers: int) -> tuple[int, ...]:
 
 
 def _dtype(dtype) -> str:
-    if isinstance(dtype, str):
-        name = dtype
-    else:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = repr(dtype)
+    """A storage dtype's name from its name or anything np.dtype takes ("f4", np.float16,
+    ml_dtypes.bfloat16)."""
+    if isinstance(dtype, str) and dtype in STORAGE_DTYPES:
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = repr(dtype)
     if name not in STORAGE_DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not a storage dtype; give one of {STORAGE_DTYPES}")
     return name

@@ -51,6 +51,8 @@ class Observable:
 
     @locked
     def remove_observer(self, observer: Observer) -> None:
+        if observer not in self._observers:
+            raise ConfigError(f"observer {observer!r} is not registered; add_observer() it first")
         self._observers.remove(observer)
 
     def _notify(self, event: str, step=None, result=None):

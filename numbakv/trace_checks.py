@@ -176,10 +176,9 @@ def _check_extent(a: dict[str, np.ndarray], h: _History) -> None:
 def _check_owners_live(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
     """Every owner of a cell is live for as long as the cell holds it."""
     seen = np.bitwise_or.reduce(h.owners, axis=0)  # [n_owner_words]: every owner of a change
-    for seq in range(config.max_seqs):
+    owners = np.flatnonzero(np.unpackbits(seen.view(np.uint8), bitorder="little"))
+    for seq in owners.tolist():  # only the ids that own a cell, never all max_seqs
         word, bit = divmod(seq, 64)
-        if not (int(seen[word]) >> bit) & 1:
-            continue
         has = np.flatnonzero((h.owners[:, word] >> np.uint64(bit)) & np.uint64(1))
         dead = np.concatenate([[0], np.cumsum(~a["live"][:, seq])])  # [n_frames + 1]
         if (i := _first(dead[h.end[has]] != dead[h.start[has]])) is not None:

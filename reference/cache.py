@@ -41,8 +41,8 @@ class CellCache(Observable):
     Every verb is atomic: when it raises (an error of `numbakv.errors`), nothing changed.
     Every verb except `seq_new` makes the last prepared `Step` stale, and every verb that
     changes the table (all but `seq_new` and `declare_step`) drops a pending declaration.
-    Observers (`add_observer`) hear of every verb that succeeded. Thread-safe: every public
-    method holds one reentrant lock.
+    Observers (`add_observer`) hear of every verb that succeeded. Thread-safe: every verb, step
+    call, write, attend and state query holds one reentrant lock (`lock`).
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = numpy_allocator):

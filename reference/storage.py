@@ -7,16 +7,17 @@ float32; its arrays hold the 16-bit patterns as uint16 (NumPy has no bfloat16 ty
 
 import numpy as np
 
-QUIET_BIT = np.uint32(0x0040)  # the top mantissa bit of a bfloat16: set, a NaN stays a NaN
+QUIET_NAN = np.uint32(0x7FC0)  # the one NaN a bfloat16 pool holds (with the input's sign)
+SIGN = np.uint32(0x8000)
 
 
 def bfloat16_bits(x: np.ndarray) -> np.ndarray:
     """[...] uint16: float32 values rounded to the nearest bfloat16, ties to even, as bit
-    patterns; a NaN becomes a quiet NaN of the same sign, ±inf stays ±inf."""
+    patterns; a NaN becomes the quiet NaN 0x7FC0 with its sign (as ml_dtypes), ±inf stays."""
     bits = np.asarray(x, dtype=np.float32).view(np.uint32)
     upper = bits >> np.uint32(16)
     rounded = (bits + np.uint32(0x7FFF) + (upper & np.uint32(1))) >> np.uint32(16)
-    return np.where(np.isnan(x), upper | QUIET_BIT, rounded).astype(np.uint16)
+    return np.where(np.isnan(x), (upper & SIGN) | QUIET_NAN, rounded).astype(np.uint16)
 
 
 def bfloat16_values(bits: np.ndarray) -> np.ndarray:

@@ -57,6 +57,9 @@ def test_defaults():
         (dict(capacity=2**30, n_layers=64), ["full pool", "8,796,093,022,208"]),
         (dict(capacity=2**20, max_width=2**16), ["fixed buffers", "masks", "max_width"]),
         (dict(dtype=None), ["dtype", "None"]),
+        (dict(n_layers=2**34), ["n_layers", "65536"]),
+        (dict(n_kv_heads=2**31), ["n_kv_heads", "2147483647"]),
+        (dict(head_dim=2**31), ["head_dim", "2147483647"]),
     ],
 )
 def test_refusals_name_field_and_bound(overrides, words):
@@ -64,6 +67,14 @@ def test_refusals_name_field_and_bound(overrides, words):
         make(**overrides)
     for word in words:
         assert word in str(info.value)
+
+
+NUMPY_NAMES = [("f4", "float32"), ("<f2", "float16"), ("half", "float16"), (np.float32, "float32")]
+
+
+@pytest.mark.parametrize(("given", "name"), NUMPY_NAMES)
+def test_dtype_takes_what_numpy_names(given, name):
+    assert make(dtype=given).dtype == name
 
 
 def test_normalises_types():

@@ -40,20 +40,26 @@ class CellCache(Observable):
     `Step` stale. Per step only the step's [width] arrays cross the bus: the table's mirror
     on the device is kept by kernels, never copied over. Observers (`add_observer`) hear of
     every verb that succeeded. Every verb that changes the table (all but `seq_new` and
-    `declare_step`) drops a pending declaration. Thread-safe: every public method holds one
-    reentrant lock (the seed's recursive mutex).
+    `declare_step`) drops a pending declaration. Thread-safe: every verb, step call, write,
+    attend and state query holds one reentrant lock (`lock`, the seed's recursive mutex).
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
         super().__init__()
         if not isinstance(config, CacheConfig):
             raise ConfigError(f"expected a CacheConfig, got {config!r}")
+        if config.head_dim > attention.HEAD_DIM_MAX:
+            raise ConfigError(
+                f"head_dim={config.head_dim}: the device kernels hold head_dim <= "
+                f"{attention.HEAD_DIM_MAX} (the reference takes any)"
+            )
         self.config = config
         try:
             self._table = HostTable(config)
             self._buffers = StepBuffers(config)
         except ALLOCATION_ERRORS as error:
-            fixed = config.device_bytes()["total"] - config.device_bytes()["pool"]
+            sizes = config.device_bytes()
+            fixed = sizes["total"] - sizes["pool"]
             raise AllocationError(
                 f"could not allocate the table and the fixed buffers ({fixed:,} bytes, see "
                 "CacheConfig.device_bytes()); lower capacity or max_seqs, or max_seq_len"
@@ -191,6 +197,7 @@ class CellCache(Observable):
         )
         self._written.add(layer)
 
+    @locked
     def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered"):
         """[width, n_heads, head_dim] float32 device array: each token's attention over the
         cells it sees, computed on the device.

@@ -3,8 +3,8 @@ device array (anything with `__cuda_array_interface__`) of a dtype the kernels r
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
-from numbakv.checks import check_float_dtype, host_floats
+from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.checks import host_floats
 from numbakv.errors import StepError
 
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what the scatter kernels read
@@ -21,9 +21,12 @@ def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
     if not is_device_array(x):
         return host_floats(name, x)
     if not hasattr(x, "copy_to_host"):
-        x = cuda.as_cuda_array(x)
-    check_float_dtype(name, x.dtype)
-    if np.dtype(x.dtype) not in dtypes:
+        x = _numba_view(name, x)
+    try:
+        dtype = np.dtype(x.dtype)
+    except Exception as error:
+        raise StepError(f"{name}: {type(x).__name__} has no readable dtype ({error!r})") from error
+    if dtype not in dtypes:
         raise StepError(
             f"{name} is a device array of {x.dtype}; give one of {[d.name for d in dtypes]} "
             "(host arrays of any float dtype are converted)"
@@ -36,23 +39,38 @@ def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
     return x
 
 
+def _numba_view(name: str, x):
+    """A numba view of a foreign device array (`__cuda_array_interface__`), or StepError."""
+    if IS_SIMULATOR:
+        raise StepError(
+            f"{name}: {type(x).__name__} is a foreign device array, which the CUDA simulator "
+            "cannot read; pass a NumPy array or a numba device array (cuda.to_device)"
+        )
+    try:
+        return cuda.as_cuda_array(x)
+    except Exception as error:
+        raise StepError(
+            f"{name}: cannot read {type(x).__name__}'s __cuda_array_interface__ ({error!r})"
+        ) from error
+
+
 def on_device(xs: list, dtypes: tuple[np.dtype, ...]) -> list:
-    """The checked arrays `xs` (from `floats`) on the device, in one dtype: the dtype they
-    share when it is one of `dtypes`, else float32 (host arrays are rounded to it, device
-    arrays must already have it)."""
-    shared = {np.dtype(x.dtype) for x in xs}
-    common = shared.pop() if len(shared) == 1 else np.dtype(np.float32)
-    if common not in dtypes:
+    """The checked arrays `xs` (from `floats`) on the device, in one dtype: that of the device
+    arrays among them, else the host arrays' shared dtype when it is one of `dtypes`, else
+    float32 (host arrays are converted to it)."""
+    on_gpu = {np.dtype(x.dtype) for x in xs if not isinstance(x, np.ndarray)}
+    if len(on_gpu) > 1:
+        raise StepError(
+            f"device arrays of {sorted(d.name for d in on_gpu)} in one call; give them one dtype"
+        )
+    on_host = {x.dtype for x in xs if isinstance(x, np.ndarray)}
+    if on_gpu:
+        common = on_gpu.pop()
+    elif len(on_host) == 1 and next(iter(on_host)) in dtypes:
+        common = on_host.pop()
+    else:
         common = np.dtype(np.float32)
-    placed = []
-    for x in xs:
-        if isinstance(x, np.ndarray):
-            placed.append(cuda.to_device(np.ascontiguousarray(x, dtype=common)))
-        elif np.dtype(x.dtype) != common:
-            raise StepError(
-                f"device arrays of {sorted({str(x.dtype) for x in xs})} in one call; give them "
-                "one dtype (host arrays are converted)"
-            )
-        else:
-            placed.append(x)
-    return placed
+    return [
+        cuda.to_device(np.ascontiguousarray(x, dtype=common)) if isinstance(x, np.ndarray) else x
+        for x in xs
+    ]

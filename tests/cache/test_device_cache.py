@@ -13,7 +13,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import numbakv
 from numbakv.cache._cuda import cuda, device_address
-from numbakv.errors import AllocationError, CacheError, CapacityError, SequenceError, StepError
+from numbakv.errors import (
+    AllocationError,
+    CacheError,
+    CapacityError,
+    ConfigError,
+    SequenceError,
+    StepError,
+)
 from numbakv.reference import CellCache as RefCache
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Recorder
@@ -346,3 +353,9 @@ def test_recorder_traces_the_device_cache_as_the_reference():
     assert got.n_frames == expect.n_frames > 20
     for name, array in expect.arrays.items():
         np.testing.assert_array_equal(got.arrays[name], array, err_msg=name)
+
+
+def test_a_head_dim_past_the_kernels_is_refused_up_front():
+    with pytest.raises(ConfigError, match=r"head_dim=129.*<= 128"):
+        numbakv.CellCache(small_config(head_dim=129))
+    RefCache(small_config(head_dim=129))  # the reference takes any

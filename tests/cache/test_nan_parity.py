@@ -8,7 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv
+from numbakv.cache._cuda import cuda
+from numbakv.cache.kernels.attention import launch_attend_masked
 from numbakv.reference import CellCache as RefCache
+from numbakv.reference.attention import attend_cells
+from numbakv.reference.storage import to_storage
 
 from helpers import small_config
 
@@ -65,3 +69,30 @@ def test_device_propagates_specials_like_the_reference(dtype, rate, plan, seed):
             for mode in ("gathered", "masked"):
                 got = device.attend(layer, q, mode=mode).copy_to_host()
                 assert_same_specials(got, expect, f"layer {layer} {mode} width {width}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize(("kernel", "n_splits"), [("decode", 1), ("decode", 3), ("prefill", None)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernels_over_many_tiles_and_splits(kernel, n_splits, dtype):
+    # 130 cells: five decode tiles, nine prefill tiles, splits of 44 cells. Token 0 sees a
+    # NaN key and token 1 an infinite one; token 2 sees neither but sees an inf and a NaN
+    # in V (dims 2, 3), and across tiles cells whose weights are small
+    rng = np.random.default_rng(5)
+    rows, width = 130, 3
+    k, v = rng.standard_normal((2, rows, 1, 4)).astype(np.float32) * 3
+    k[10, 0, 1], k[100, 0, 0], v[20, 0, 2], v[70, 0, 3] = np.nan, np.inf, np.inf, np.nan
+    k_pool, v_pool = to_storage(k, dtype), to_storage(v, dtype)
+    q = rng.standard_normal((width, 2, 4)).astype(np.float32)
+    mask = (rng.random((width, rows)) < 0.7).astype(np.uint8)
+    mask[:, [10, 100, 20, 70]] = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 1]]
+    scale = np.float32(0.5)
+    expect = attend_cells(q, k_pool, v_pool, mask, scale, dtype)
+    out = cuda.device_array(q.shape, np.float32)
+    launch_attend_masked(
+        *(cuda.to_device(x) for x in (q, k_pool, v_pool, mask)), width, rows, scale, out,
+        kernel=kernel, n_splits=n_splits,
+    )  # fmt: skip
+    assert np.isnan(expect[0]).all() and np.isnan(expect[1]).any()  # +inf or -inf scores
+    assert np.isposinf(expect[2, :, 2]).all() and np.isfinite(expect[2, :, :2]).all()
+    assert_same_specials(out.copy_to_host(), expect, f"{kernel} x{n_splits} {dtype}")

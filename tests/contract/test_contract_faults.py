@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from numbakv.checks import as_host
 from numbakv.errors import AllocationError, CacheError, ConfigError, ObserverError, StepError
 
 from helpers import full_state, step_with
@@ -100,6 +101,8 @@ def worker(cache, seed: int, n_ops: int, failures: list) -> None:
                         continue
                     k = np.full((step.width, 1, 4), seed, np.float32)
                     cache.write(0, k, k)
+                    out = np.asarray(as_host(cache.attend(0, np.ones((step.width, 2, 4)))))
+                    assert np.allclose(out, seed, rtol=1e-5)  # a mean of its own values only
                 for seq in seqs:
                     mine[seq] += 1
             elif op == 3:

@@ -5,7 +5,7 @@ valid, a pending declaration stays pending)."""
 import numpy as np
 import pytest
 
-from numbakv.errors import SequenceError, StepError
+from numbakv.errors import ConfigError, SequenceError, StepError
 
 from helpers import full_state, step_with
 
@@ -13,6 +13,32 @@ A, B, DEAD = 0, 1, 3  # a holds 2 positions, b 1; id 3 was never handed out
 K = np.ones((3, 1, 4), np.float32)  # the step's [width, n_kv_heads, head_dim]
 Q = np.ones((3, 2, 4), np.float32)  # 2 query heads over 1 KV head
 RAGGED = [[[1.0] * 4], [[1.0] * 3], [[1.0] * 4]]
+
+
+class BadIndex:
+    """An integer-like whose __index__ raises something other than TypeError."""
+
+    def __index__(self):
+        raise ValueError("no index today")
+
+    def __repr__(self):
+        return "BadIndex()"
+
+
+class BadArray:
+    def __array__(self, dtype=None, copy=None):
+        raise KeyError("no array today")
+
+
+class ForeignDeviceArray:
+    """What a CuPy array or a torch CUDA tensor shows: the interface, no copy_to_host."""
+
+    shape, dtype = (3, 1, 4), np.dtype(np.float32)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": "<f4", "data": (0, False), "version": 3}
+
 
 # (id, call(cache, step), error, a piece of the message that names the bad value)
 CASES = [
@@ -26,6 +52,8 @@ CASES = [
     ("rm-dead", lambda c, s: c.seq_rm(DEAD), SequenceError, "sequence 3"),
     ("rm-negative", lambda c, s: c.seq_rm(-1), SequenceError, "sequence -1"),
     ("rm-huge", lambda c, s: c.seq_rm(2**70), SequenceError, str(2**70)),
+    ("rm-bad-index", lambda c, s: c.seq_rm(BadIndex()), SequenceError, "BadIndex()"),
+    ("mask-bad-index", lambda c, s: s.mask(BadIndex()), StepError, "BadIndex()"),
     ("clone-str", lambda c, s: c.seq_clone("a"), SequenceError, "'a'"),
     ("clone-upto-bool", lambda c, s: c.seq_clone(A, upto=True), SequenceError, "True"),
     ("clone-upto-float", lambda c, s: c.seq_clone(A, upto=2.0), SequenceError, "2.0"),
@@ -40,6 +68,8 @@ CASES = [
     ("declare-int", lambda c, s: c.declare_step(5), StepError, "got 5"),
     ("declare-none", lambda c, s: c.declare_step(None), StepError, "got None"),
     ("declare-str", lambda c, s: c.declare_step("ab"), StepError, "'ab'"),
+    ("declare-bytearray", lambda c, s: c.declare_step(bytearray(1)), StepError, "bytearray"),
+    ("declare-memoryview", lambda c, s: c.declare_step(memoryview(b"")), StepError, "memory"),
     ("declare-iterator", lambda c, s: c.declare_step(iter([A])), StepError, "iterator"),
     ("declare-2d", lambda c, s: c.declare_step(np.zeros((1, 1), int)), StepError, "array"),
     ("declare-empty", lambda c, s: c.declare_step([]), StepError, "got 0"),
@@ -69,6 +99,8 @@ CASES = [
     ("write-v-none", lambda c, s: c.write(0, K, None), StepError, "object"),
     ("write-v-ragged", lambda c, s: c.write(0, K, RAGGED), StepError, "list"),
     ("write-k-int", lambda c, s: c.write(0, K.astype(np.int32), K), StepError, "int32"),
+    ("write-v-raising", lambda c, s: c.write(0, K, BadArray()), StepError, "no array today"),
+    ("write-v-foreign", lambda c, s: c.write(0, K, ForeignDeviceArray()), StepError, "Foreign"),
     # attend: a layer, a real float query, a finite positive scale, a mode
     ("attend-layer-str", lambda c, s: c.attend("0", Q), StepError, "'0'"),
     ("attend-q-int", lambda c, s: c.attend(0, Q.astype(np.int8)), StepError, "int8"),
@@ -85,6 +117,9 @@ CASES = [
     ("scale-complex", lambda c, s: c.attend(0, Q, scale=1 + 0j), StepError, "(1+0j)"),
     ("scale-underflow", lambda c, s: c.attend(0, Q, scale=1e-50), StepError, "1e-50"),
     ("scale-overflow", lambda c, s: c.attend(0, Q, scale=1e39), StepError, "1e+39"),
+    ("scale-huge-int", lambda c, s: c.attend(0, Q, scale=10**400), StepError, "scale=1000"),
+    ("scale-timedelta", lambda c, s: c.attend(0, Q, scale=np.timedelta64(1)), StepError, "1"),
+    ("remove-observer", lambda c, s: c.remove_observer(print), ConfigError, "print"),
     ("mode-int", lambda c, s: c.attend(0, Q, mode=1), StepError, "mode=1"),
     ("mode-case", lambda c, s: c.attend(0, Q, mode="MASKED"), StepError, "'MASKED'"),
     ("mode-array", lambda c, s: c.attend(0, Q, mode=np.array(["a", "b"])), StepError, "array"),
@@ -130,9 +165,11 @@ def test_bad_width_keeps_the_declaration(cache, width, named):
 def test_refused_verbs_keep_the_declaration(cache):
     a = cache.seq_new()
     cache.declare_step([a, a, a])
-    for call in CASES[:19]:  # the refused verbs of the table
-        with pytest.raises(SequenceError):
-            call[1](cache, None)
+    verbs = [c for c in CASES if c[0].split("-")[0] in ("rm", "clone", "rewind", "pos")]
+    assert len(verbs) == 20
+    for _, call, error, _ in verbs:  # the refused verbs of the table
+        with pytest.raises(error):
+            call(cache, None)
     assert cache.prepare_step().positions.tolist() == [0, 1, 2]
 
 

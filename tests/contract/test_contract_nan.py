@@ -73,6 +73,13 @@ def test_a_nan_query_head_makes_only_that_head_nan(impl, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_values_near_the_float32_maximum_do_not_overflow(impl, mode):
+    # the weights are normalised before the product: a mean of 2e38s is 2e38, not inf
+    out = attend_after(impl, mode, lambda k, v, q: v.__setitem__(slice(None), 2e38))
+    np.testing.assert_allclose(out, 2e38, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_prefill_shaped_step_keeps_the_rules(impl, mode):
     # 10 tokens: past the decode kernels' width; a at 0, 1 (rows 0, 2) and b at 0 .. 7
     out = attend_after(impl, mode, lambda k, v, q: k.__setitem__((0, 0, 2), NAN), width=10)

@@ -10,9 +10,15 @@ import numpy as np
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch_dims
-from numbakv.cache.kernels.storage import BFLOAT16_STORAGE, FLOAT_STORAGE, keep, narrow_bfloat16
+from numbakv.cache.kernels.storage import (
+    BFLOAT16_STORAGE,
+    FLOAT_STORAGE,
+    keep,
+    kind,
+    narrow_bfloat16,
+)
 
-FLOATS = ("float32", "float16")  # step K/V dtypes
+FLOATS = FLOAT_STORAGE  # the step's K/V dtypes: the float storage dtypes
 
 
 def scatter_signatures(storage: tuple[str, ...]) -> list[str]:
@@ -90,7 +96,7 @@ def launch_scatter_kv(k, v, k_pool, v_pool, cells, width: int, stream=0) -> None
     if n_items == 0:
         return
     grid, threads = launch_dims(n_items)
-    scatter = scatter_kv_bf16 if np.dtype(k_pool.dtype) == np.uint16 else scatter_kv
+    scatter = scatter_kv_bf16 if kind(k_pool.dtype) == "bfloat16" else scatter_kv
     scatter[grid, threads, stream](k, v, k_pool, v_pool, cells, np.int32(width))
 
 

@@ -10,7 +10,14 @@ from numbakv.cache.kernels import device_function
 
 FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast
 BFLOAT16_STORAGE = ("uint16",)  # pools of bfloat16 bit patterns
-QUIET = np.int32(0x0040)  # the top mantissa bit of a bfloat16: set, a NaN stays a NaN
+STORAGE = FLOAT_STORAGE + BFLOAT16_STORAGE  # every pool dtype the kernels compile for
+QUIET_NAN = np.int32(0x7FC0)  # the one NaN a bfloat16 pool holds (with the input's sign)
+SIGN = np.int32(0x8000)
+
+
+def kind(pool_dtype) -> str:
+    """ "bfloat16" for a pool of bit patterns (uint16), else "float": which kernels it takes."""
+    return "bfloat16" if np.dtype(pool_dtype).name in BFLOAT16_STORAGE else "float"
 
 
 @device_function
@@ -34,11 +41,11 @@ def keep(x):
 @device_function
 def narrow_bfloat16(x):
     """float32 x rounded to the nearest bfloat16, ties to even, as a uint16 bit pattern; a
-    NaN stays a (quiet) NaN of its sign: the reference's `storage.bfloat16_bits`."""
+    NaN becomes the quiet NaN 0x7FC0 with its sign: the reference's `storage.bfloat16_bits`."""
     x = np.float32(x)
     bits = float_as_int(x)
     upper = np.int32(bits >> np.int32(16))
     if x != x:
-        return np.uint16((upper | QUIET) & np.int32(0xFFFF))
+        return np.uint16((upper & SIGN) | QUIET_NAN)
     rounded = (bits + np.int32(0x7FFF) + (upper & np.int32(1))) >> np.int32(16)  # no overflow
     return np.uint16(rounded & np.int32(0xFFFF))

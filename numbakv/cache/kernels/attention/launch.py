@@ -14,6 +14,7 @@ tile load serves the PREFILL_ROWS query rows of its block.
 import numpy as np
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.kernels import storage
 from numbakv.cache.kernels.attention import decode, prefill
 from numbakv.cache.kernels.attention.merge import merge_splits
 from numbakv.cache.kernels.attention.tiles import (
@@ -146,8 +147,7 @@ def _launch(
     merge."""
     if width == 0:
         return
-    kind = "bfloat16" if np.dtype(k_pool.dtype) == np.uint16 else "float"
-    decode, prefill = KERNELS[mode, kind]
+    decode, prefill = KERNELS[mode, storage.kind(k_pool.dtype)]
     scale, n_heads, head_dim = np.float32(scale), q.shape[1], q.shape[2]
     if not _pick(kernel, width, q, k_pool):
         grid, threads = attention_grid(*_prefill_blocks(width, n_heads, k_pool.shape[1]))

@@ -21,9 +21,10 @@ MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, int32, int32, {Q})"]
 
 @kernel(MERGE_SPLITS_SIGNATURES)
 def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
-    """out[t, h] = the splits' partials combined: sum e^(m_i-M) acc_i / sum e^(m_i-M) l_i
-    over the splits that saw a cell (l_i != EMPTY), M their NaN-propagating max; 0 when none
-    saw a cell, NaN when M is not finite (`tiles.finish`)."""
+    """out[t, h] = the splits' partial means combined: sum w_i acc_i / sum w_i, w_i =
+    l_i e^(m_i - M), over the splits that saw a cell (l_i != EMPTY), M their NaN-propagating
+    max; 0 when none saw a cell, NaN when M is not finite (`tiles.finish`). The weights are
+    normalised before the products, so no sum overflows."""
     # part_acc: [>= width, n_heads, >= n_splits, head_dim]
     # part_m, part_l: [>= width, n_heads, >= n_splits]
     # out: [>= width, n_heads, head_dim]; one item per (t, h, d), d fastest
@@ -39,12 +40,15 @@ def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
             if part_l[t, h, split] != EMPTY:
                 m_max = nan_max(m_max, part_m[t, h, split])
                 denominator = ZERO
-        numerator = ZERO
+        mean = ZERO
         if is_finite(m_max):
             for split in range(n_splits):
                 total = part_l[t, h, split]
+                if total != EMPTY:  # e^-inf = 0 for a split whose scores were all -inf
+                    denominator += math.exp(part_m[t, h, split] - m_max) * total
+            for split in range(n_splits):
+                total = part_l[t, h, split]
                 if total != EMPTY:  # select: an empty split's acc is never read
-                    weight = math.exp(part_m[t, h, split] - m_max)  # <= 0; e^-inf = 0
-                    numerator += weight * part_acc[t, h, split, d]
-                    denominator += weight * total
-        out[t, h, d] = finish(numerator, m_max, denominator)
+                    weight = math.exp(part_m[t, h, split] - m_max) * total / denominator
+                    mean += weight * part_acc[t, h, split, d]
+        out[t, h, d] = finish(mean, m_max, denominator)

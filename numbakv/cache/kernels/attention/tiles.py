@@ -11,10 +11,17 @@ needed cells into shared memory as float32 (zeros for the others; `make_load_til
 storage kind) -> scores of the rows that see each cell -> per row: max, rescale, exp, sum
 -> acc[row, d] += p * V[c, d].
 
+The accumulator holds the weighted mean of the V rows seen so far (weights p / l, the old
+mean rescaled by l_old * alpha / l_new), as the reference normalises its weights before
+the product: finite V as large as float32 allows never overflows a sum.
+
 NaN and inf follow the reference's float32 softmax (SPEC §5, `reference.attention`): the
 running max m propagates NaN; a row whose max is not finite once it saw a cell gives NaN;
 a seen cell of weight 0 still adds 0 * V (so a NaN or inf in V spreads as in the
-reference); l = EMPTY marks a row that has seen no cell, which gives 0.
+reference); l = EMPTY marks a row that has seen no cell, which gives 0. One case differs:
+an inf in V whose weight the reference rounds to 0 (its score ~100 below the max) but which
+an earlier tile's max weighed above 0 gives inf, not NaN (0 · inf): the running product
+of rescale factors does not underflow where exp(s - max) does.
 """
 
 import math
@@ -22,7 +29,7 @@ import math
 import numpy as np
 
 from numbakv.cache._cuda import cuda
-from numbakv.cache.kernels import device_function
+from numbakv.cache.kernels import device_function, storage
 from numbakv.cache.kernels.storage import widen_bfloat16, widen_float
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
@@ -42,8 +49,7 @@ EMPTY = np.float32(-1.0)  # l of a row that has seen no cell (a seen cell makes 
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 
-STORAGE = ("float32", "float16", "uint16")  # storage dtypes the kernels compile for (uint16:
-# bfloat16 bit patterns, in kernels of their own)
+STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16 patterns)
 Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
@@ -80,18 +86,19 @@ def nan_max(a, b):
 
 @device_function
 def is_finite(x):
+    """False for NaN and ±inf."""
     return NEG_INF < x < POS_INF
 
 
 @device_function
 def finish(acc, m, total):
-    """A row's output from its accumulator, max and sum: 0 when it saw no cell, NaN when
-    its max is not finite (a NaN or an infinite score), else acc / l."""
+    """A row's output from its accumulator (the weighted mean of V), max and sum: 0 when it
+    saw no cell, NaN when its max is not finite (a NaN or an infinite score), else acc."""
     if total == EMPTY:
         return ZERO
     if not is_finite(m):
         return NAN
-    return acc / total
+    return acc
 
 
 @device_function
@@ -177,12 +184,20 @@ def tile_update(
             s_s[r, jj] = p
             total += p
         alpha = math.exp(m_old - m_new) if (is_usable and m_old < m_new) else ONE
-        alpha_s[r] = alpha
         m_s[r] = m_new
+        keep = ONE  # acc stays the weighted mean of what the row saw: no overflow in sums
         if is_seen:
-            l_s[r] = max(l_s[r], ZERO) * alpha + total
+            kept = max(l_s[r], ZERO) * alpha
+            l_new = kept + total
+            if is_usable:  # then l_new >= 1: the max's own weight is 1
+                inv = ONE / l_new
+                keep = kept * inv
+                for jj in range(tile):
+                    s_s[r, jj] = s_s[r, jj] * inv
+            l_s[r] = l_new
+        alpha_s[r] = keep
     cuda.syncthreads()
-    # acc[r, d] = acc[r, d] * alpha + sum of p * V over the cells the row sees
+    # acc[r, d] = acc[r, d] * keep + sum of (p / l) * V over the cells the row sees
     for i in range(tid, n_rows * head_dim, n_threads):
         r = i // head_dim
         d = i - r * head_dim
@@ -197,8 +212,8 @@ def tile_update(
 
 @device_function
 def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
-    """out[t, h] = acc / l for each row (`finish`: 0 where the row saw nothing, NaN where its
-    max is not finite)."""
+    """out[t, h] = the row's weighted mean (`finish`: 0 where the row saw nothing, NaN where
+    its max is not finite)."""
     # out: [>= width, n_heads, head_dim]
     for i in range(cuda.threadIdx.x, n_rows * head_dim, cuda.blockDim.x):
         r = i // head_dim
@@ -209,8 +224,8 @@ def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
 
 @device_function
 def write_partial(part_acc, part_m, part_l, acc_s, m_s, l_s, t, split, n_rows, h0, head_dim):
-    """The split's unnormalised (acc, m, l) of each row (one token, n_rows heads); l = EMPTY
-    where the split saw no cell."""
+    """The split's (acc, m, l) of each row (one token, n_rows heads): acc the weighted mean
+    of its V rows, l its sum of exp(s - m); l = EMPTY where the split saw no cell."""
     # part_acc: [>= width, n_heads, >= n_splits, head_dim]  part_m, part_l: [.., .., >= n_splits]
     tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
     for i in range(tid, n_rows * head_dim, n_threads):
