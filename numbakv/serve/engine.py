@@ -15,7 +15,11 @@ tokens it sampled:
   (kept as the last token) or reaches `max_new_tokens`; a finished or cancelled sample's
   session closes at once, freeing its cells for the next step;
 - when the executor fails (the pool could not grow), the requests of that batch end with
-  finish reason "error" and the error propagates; the other requests go on.
+  finish reason "error" and the error propagates; the other requests go on;
+- when an observer of the executor's cache raises (`ObserverError`: the verb completed),
+  no request is affected: the engine finishes its bookkeeping with the call's result (the
+  batch's outputs, the opened session), the step (or `cancel`) completes, then the error
+  propagates like a callback's; stepping on, every request gets the tokens it would have.
 
 Tokens stream through each request's `on_token` callback, through the events `step()`
 returns, and through the `stream()` iterator. A step first does all its bookkeeping (every
@@ -26,10 +30,14 @@ already ended, even on the token whose callback raised, keeps "stop" or "length"
 callback hears nothing more. The step's other callbacks still run; then the first exception
 (any BaseException) propagates from `step()`, with a note naming the request and any
 others that raised (each of those ends the same way); `stream()` yields the step's events
-first; `generate()` cancels its own unfinished requests, then raises. Stepping again goes
-on with the other requests, which get exactly the tokens they would have had. Callbacks may
-`submit` and `cancel`; stepping from a callback is refused (StepError, which counts as that
-callback raising).
+first. `generate()` stops at once only when the fault is its own (a callback of one of its
+requests raised, the executor failed) or an interrupt (an exception that is not an
+`Exception`): it cancels its own unfinished requests, then raises. A fault of another
+request's callback, or of an observer, costs it nothing: it steps on until its own
+requests are done, then raises the first such exception (noted with their ids, whose
+`result()`s hold the completions). Stepping again goes on with the other requests, which
+get exactly the tokens they would have had. Callbacks may `submit` and `cancel`; stepping
+from a callback is refused (StepError, which counts as that callback raising).
 
 Thread safety: an `Engine` is safe to share between threads. One lock (re-entrant) guards
 its state; `submit`, `cancel`, `result`, `is_busy` and each step hold it, so one thread may
@@ -42,12 +50,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 from numbakv.config import as_int
 from numbakv.errors import ConfigError, StepError
 from numbakv.observe import locked
 from numbakv.serve.executor import Input, Output
+from numbakv.serve.faults import StepFaults, completed, note_observed, raise_observed
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.requests import (
     Completion,
@@ -55,6 +65,7 @@ from numbakv.serve.requests import (
     Request,
     Sample,
     TokenEvent,
+    check_parts,
     check_submission,
 )
 from numbakv.serve.sampling import GREEDY, Sampling
@@ -84,7 +95,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         tokenizer: Tokenizer = BYTE_TOKENIZER,
     ):
-        _check_parts(executor, tokenizer, clock)
+        check_parts(executor, tokenizer, clock)
         if scheduler is None:
             width = executor.max_width
             n_decodes = max(1, width // 2)
@@ -104,6 +115,7 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: dict[int, tuple[Request, Sample]] = {}  # session -> its sample
         self._reserved = 0  # sessions admitted requests will still clone
+        self._observed: list = []  # ObserverErrors of the current call's executor calls
 
     # -- requests --------------------------------------------------------------
 
@@ -135,11 +147,14 @@ class Engine:
     @locked
     def cancel(self, request: int) -> bool:
         """Stops a request, waiting or running: its queued work is dropped and its sessions
-        close at once. False when it had already finished."""
+        close at once. False when it had already finished. An observer that raised while
+        its sessions closed raises once the request is cancelled (ObserverError)."""
         r = self._request(request)
         if r.is_finished:
             return False
-        self._stop(r, "cancelled")
+        with self._observing() as observed:
+            self._stop(r, "cancelled")
+        raise_observed(observed)
         return True
 
     @locked
@@ -157,25 +172,28 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         """Admits what fits, runs one batch and returns the tokens it sampled ([] when idle).
-        Raises the first exception an `on_token` callback raised, once the step is done
-        (see the module docstring)."""
-        events, raised = self._step()
-        if raised is not None:
-            raise raised
+        Raises the first exception an `on_token` callback (else an observer) raised, once
+        the step is done (see the module docstring)."""
+        events, faults = self._step()
+        error = faults.error(self.n_steps)
+        if error is not None:
+            raise error
         return events
 
     def stream(self) -> Iterator[TokenEvent]:
         """Steps until idle, yielding every token as it is sampled. Requests may be
-        submitted or cancelled between tokens, from any thread. When a callback raised,
-        the step's events are yielded, then the exception ends the iterator."""
+        submitted or cancelled between tokens, from any thread. When a callback or an
+        observer raised, the step's events are yielded, then the exception ends the
+        iterator; nothing is cancelled (a new `stream()` goes on)."""
         while True:
             with self._lock:
                 if not self.is_busy:
                     return
-                events, raised = self._step()
+                events, faults = self._step()
+                error = faults.error(self.n_steps)
             yield from events
-            if raised is not None:
-                raise raised
+            if error is not None:
+                raise error
 
     def generate(
         self,
@@ -188,9 +206,12 @@ class Engine:
     ) -> list[Completion]:
         """Submits every prompt (all or none: each is checked first), steps until all are
         done, returns their completions in order; `on_token` hears every token of these
-        requests as it is sampled. When a step raises (a callback, the executor), the
-        requests of this call still unfinished are cancelled, then the exception
-        propagates: nothing is left running that no caller holds an id of."""
+        requests as it is sampled. When its own fault stops a step (a callback of these
+        requests, the executor) or an interrupt does, the requests of this call still
+        unfinished are cancelled, then the exception propagates: nothing is left running
+        that no caller holds an id of. Another request's callback or an observer raising
+        stops nothing: once these requests are done, the first such exception propagates
+        (see the module docstring)."""
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
             raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}; for one: [p]")
         with self._lock:
@@ -199,29 +220,50 @@ class Engine:
             fields = [check_submission(self.executor, self.tokenizer, p, *args) for p in prompts]
             ids = [self._queue(f) for f in fields]
         requests = [self._requests[i] for i in ids]
+        deferred = None  # the first fault of others, raised once these requests are done
         try:
             while not all(r.is_finished for r in requests):
-                self.step()
-        except BaseException:
-            with self._lock:
+                _, faults = self._step()
+                error = faults.error(self.n_steps)
+                if error is not None and faults.stops(set(ids)):
+                    raise error
+                deferred = deferred or error
+        except BaseException as error:
+            with self._lock, self._observing() as observed:
                 for r in requests:
                     if not r.is_finished:
                         self._stop(r, "cancelled")
+            note_observed(error, observed)
+            if deferred is not None:
+                error.add_note(f"numbakv: an earlier step of generate() raised {deferred!r}")
             raise
+        if deferred is not None:
+            deferred.add_note(f"numbakv: generate() finished its requests {ids} first")
+            raise deferred
         return [self.result(i) for i in ids]
 
     @locked
-    def _step(self) -> tuple[list[TokenEvent], BaseException | None]:
-        """One step: (its events, the first exception a callback raised or None)."""
+    def _step(self) -> tuple[list[TokenEvent], StepFaults]:
+        """One step: (its events, what its callbacks and observers raised)."""
         self._check_not_in_callbacks("step")
+        with self._observing() as observed:
+            try:
+                events, raised = self._run_step()
+            except BaseException as error:
+                note_observed(error, observed)
+                raise
+        return events, StepFaults(raised, observed)
+
+    def _run_step(self) -> tuple[list[TokenEvent], dict[int, BaseException]]:
+        """Admits, runs one batch, hands out its tokens: (events, what callbacks raised)."""
         self._admit()
         batch = self.scheduler.next_batch()
         if not batch:
-            return [], None
+            return [], {}
         inputs = [self._input(work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
-            outputs = self.executor.execute(inputs)
+            outputs = completed(self._observed, self.executor.execute, inputs)
         except BaseException:
             for r in requests.values():  # their work left the queues: they cannot go on
                 self._stop(r, "error")
@@ -240,7 +282,7 @@ class Engine:
         for all its samples; a request that does not fit holds back the ones behind it."""
         while self._waiting and self._waiting[0].n <= self.executor.free_sessions - self._reserved:
             r = self._waiting[0]
-            sample = Sample(0, self.executor.open_session(r.sampling))
+            sample = Sample(0, completed(self._observed, self.executor.open_session, r.sampling))
             self._waiting.popleft()
             r.samples.append(sample)
             self._reserved += r.n - 1
@@ -289,10 +331,10 @@ class Engine:
             self._close(r, sample, reason)
         return TokenEvent(r.id, sample.index, token, logits, reason)
 
-    def _call_back(self, events: list[TokenEvent]) -> BaseException | None:
+    def _call_back(self, events: list[TokenEvent]) -> dict[int, BaseException]:
         """Hands each event to its request's `on_token`, in order; a callback that raises
-        ends its request with "error" and hears nothing more. Returns the first exception
-        raised (noted with who raised), or None."""
+        ends its request with "error" and hears nothing more. Returns {request: what its
+        callback raised}, in the order they raised."""
         raised: dict[int, BaseException] = {}  # request -> what its callback raised
         self._in_callbacks = True
         try:
@@ -308,20 +350,17 @@ class Engine:
                         self._stop(r, "error")
         finally:
             self._in_callbacks = False
-        if not raised:
-            return None
-        (first, error), *others = raised.items()
-        note = (
-            f"numbakv: on_token of request {first} raised this in engine step {self.n_steps}; "
-            "its running samples ended with finish reason 'error', the step's other "
-            "requests got their tokens; step() again to go on"
-        )
-        if others:
-            note += f"; on_token of requests {[i for i, _ in others]} raised too: " + ", ".join(
-                repr(e) for _, e in others
-            )
-        error.add_note(note)
-        return error
+        return raised
+
+    @contextmanager
+    def _observing(self) -> Iterator[list]:
+        """Collects, into the list it yields, the ObserverErrors of the executor calls made
+        inside (a callback's `cancel` inside a step keeps its own)."""
+        outer, self._observed = self._observed, []
+        try:
+            yield self._observed
+        finally:
+            self._observed = outer
 
     def _check_not_in_callbacks(self, what: str) -> None:
         if self._in_callbacks:
@@ -347,7 +386,7 @@ class Engine:
         """Ends a sample: its session closes now; the request finishes with its last sample."""
         sample.finish_reason = reason
         del self._running[sample.session]
-        self.executor.close_session(sample.session)
+        completed(self._observed, self.executor.close_session, sample.session)
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()
 
@@ -359,19 +398,3 @@ class Engine:
                 "submit() returns request ids"
             )
         return self._requests[request]
-
-
-def _check_parts(executor: SessionExecutor, tokenizer: Tokenizer, clock) -> None:
-    """ConfigError unless `executor` is a `SessionExecutor`, `tokenizer` a `Tokenizer`
-    whose tokens the executor takes and `clock` a callable."""
-    if not isinstance(executor, SessionExecutor):
-        raise ConfigError(f"expected a SessionExecutor (an Executor, a Lockstep), got {executor!r}")
-    if not isinstance(tokenizer, Tokenizer):
-        raise ConfigError(f"expected a Tokenizer (vocab_size, encode, decode), got {tokenizer!r}")
-    if tokenizer.vocab_size > executor.vocab_size:
-        raise ConfigError(
-            f"the tokenizer's vocab_size={tokenizer.vocab_size} passes the executor's "
-            f"vocab_size={executor.vocab_size}"
-        )
-    if not callable(clock):
-        raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")

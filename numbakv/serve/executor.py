@@ -32,6 +32,12 @@ refused) or not open (SequenceError); an input's tokens that are not a non-empty
 1-d integer array) of ints in the vocabulary, a `sample` that is not a bool, forks that
 are not Samplings (StepError); a position that is not an integer >= 0 (ConfigError).
 
+An observer of the cache that raises (`ObserverError`: the verb completed) never leaves
+the executor half-done: it finishes its bookkeeping and the rest of the call with the
+verb's result, then raises the error. After `open_session` or a `clone` that raised it the
+session is open (its id is the error's `.result`); after `close_session` it is closed;
+`execute` runs the whole batch and raises an ObserverError whose `.result` is its outputs.
+
 Thread safety: an `Executor` is safe to share between threads. A re-entrant lock guards
 every public method and property (sessions, batches, sampling), so each call sees and
 leaves whole sessions; `cache` and `model` are the executor's own and are not guarded
@@ -48,6 +54,7 @@ from numbakv.config import CacheConfig, as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
 from numbakv.observe import locked
 from numbakv.serve._guards import token_ids
+from numbakv.serve.faults import batch_observed, completed, note_observed, raise_observed
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
@@ -172,7 +179,10 @@ class Executor:
         """A new empty session (the lowest free sequence id) sampling with `sampling`."""
         check_sampling(sampling)
         self._check_room()
-        return self._opened(self.cache.seq_new(), sampling)
+        observed = []
+        session = self._opened(completed(observed, self.cache.seq_new), sampling)
+        raise_observed(observed)
+        return session
 
     @locked
     def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
@@ -182,14 +192,19 @@ class Executor:
         session = self._check_open(session)
         self._check_room()
         sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
-        return self._opened(self.cache.seq_clone(session, upto), sampling)
+        observed = []
+        clone = self._opened(completed(observed, self.cache.seq_clone, session, upto), sampling)
+        raise_observed(observed)
+        return clone
 
     @locked
     def close_session(self, session: int) -> None:
         """Ends `session`; its cells no other session shares are free at once."""
         session = self._check_open(session)
-        self.cache.seq_rm(session)
+        observed = []
+        completed(observed, self.cache.seq_rm, session)
         del self._sampling[session], self._rng[session]
+        raise_observed(observed)
 
     @locked
     def length(self, session: int) -> int:
@@ -221,47 +236,55 @@ class Executor:
         come without `sample` (StepError), or need more sessions than are free
         (CapacityError). A failure while running (the pool could not grow:
         `AllocationError`) rewinds the batch's sessions to where their inputs start, makes
-        no clone, then raises."""
+        no clone, then raises. An observer that raised (`ObserverError`) does not stop the
+        batch: it runs to its end, then an ObserverError with the outputs as `.result`."""
         inputs = self._checked_inputs(inputs)
         starts = self._check(inputs)
+        observed = []  # the batch's ObserverErrors: each verb completed, the batch goes on
         for session, start in starts.items():
             if start < self.cache.pos(session):
-                self.cache.rewind(session, start)
+                completed(observed, self.cache.rewind, session, start)
         tokens = [(x.session, int(t)) for x in inputs for t in x.tokens]
         ends = np.cumsum([len(x.tokens) for x in inputs]) - 1  # the stream index of each last row
         try:
-            logits = self._run(tokens, ends)
-        except BaseException:
+            logits = self._run(tokens, ends, observed)
+        except BaseException as error:
             for session, start in starts.items():
                 if self.cache.pos(session) > start:
-                    self.cache.rewind(session, start)
+                    completed(observed, self.cache.rewind, session, start)
+            note_observed(error, observed)
             raise
-        return [self._output(x, row) for x, row in zip(inputs, logits, strict=True)]
+        outputs = [self._output(x, row, observed) for x, row in zip(inputs, logits, strict=True)]
+        if observed:
+            raise batch_observed(observed, outputs)
+        return outputs
 
-    def _output(self, x: Input, logits: np.ndarray) -> Output:
+    def _output(self, x: Input, logits: np.ndarray, observed: list) -> Output:
         """The input's `Output`: its token, then its forks cloned and sampled in order."""
         if not x.sample:
             return Output(x.session, logits, None)
         token = self.sample(x.session, logits)
         end = x.position + len(x.tokens)
-        forks = tuple(self._fork(x.session, end, sampling, logits) for sampling in x.forks)
+        forks = tuple(
+            self._fork(x.session, end, sampling, logits, observed) for sampling in x.forks
+        )
         return Output(x.session, logits, token, forks)
 
     def _fork(
-        self, session: int, upto: int, sampling: Sampling, logits: np.ndarray
+        self, session: int, upto: int, sampling: Sampling, logits: np.ndarray, observed: list
     ) -> tuple[int, int]:
         """(a clone of `session`'s first `upto` positions, its first token from `logits`)."""
-        clone = self.clone(session, upto, sampling)
+        clone = completed(observed, self.clone, session, upto, sampling)
         return clone, self.sample(clone, logits)
 
-    def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray) -> np.ndarray:
+    def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray, observed: list) -> np.ndarray:
         """[len(ends), vocab_size] float32: the logits at stream indices `ends` of the token
-        stream."""
+        stream; the ObserverErrors of its verbs go to `observed`."""
         out = np.empty((len(ends), self.vocab_size), dtype=np.float32)
         for piece in plan_slices(len(tokens), self.max_width, self.min_prefill):
             chunk = tokens[piece.start : piece.start + piece.length]
-            self.cache.declare_step([session for session, _ in chunk])
-            step = self.cache.prepare_step()
+            completed(observed, self.cache.declare_step, [session for session, _ in chunk])
+            step = completed(observed, self.cache.prepare_step)
             wanted = np.flatnonzero((ends >= piece.start) & (ends < piece.start + piece.length))
             rows = ends[wanted] - piece.start
             out[wanted] = self.model.forward(self.cache, step, [t for _, t in chunk], rows)

@@ -1,7 +1,9 @@
 """`Lockstep`: two executors driven as one, every result of the first checked against the
 second. Give it an executor over the device cache and one over the reference cache, and any
 driver (the `Engine`, a test, your scheduler) is differentially tested as it runs. It is a
-`SessionExecutor`, so the `Engine` takes it as it takes an `Executor`.
+`SessionExecutor`, so the `Engine` takes it as it takes an `Executor`. An observer of
+either cache that raises (`ObserverError`: the call completed) is no disagreement: the call
+runs on both and is checked, then the first such error propagates, as from an `Executor`.
 
 Thread safety: like an `Executor`, a `Lockstep` is safe to share; one re-entrant lock
 makes each call run on both executors before another call starts."""
@@ -15,6 +17,7 @@ from numbakv.errors import ConfigError
 from numbakv.observe import locked
 from numbakv.serve._guards import real
 from numbakv.serve.executor import Executor, Input, Output
+from numbakv.serve.faults import completed, raise_observed
 from numbakv.serve.sampling import GREEDY, Sampling
 
 
@@ -93,8 +96,10 @@ class Lockstep:
 
     @locked
     def close_session(self, session: int) -> None:
-        self._both(lambda e: e.close_session(session))
+        observed = []
+        self._both(lambda e: e.close_session(session), observed)
         self._check_tables("close_session")
+        raise_observed(observed)
 
     @locked
     def sample(self, session: int, logits: np.ndarray) -> int:
@@ -102,7 +107,8 @@ class Lockstep:
 
     @locked
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
-        got, expect = self._both(lambda e: e.execute(inputs))
+        observed = []
+        got, expect = self._both(lambda e: e.execute(inputs), observed)
         for g, e in zip(got, expect, strict=True):
             error = float(np.abs(g.logits - e.logits).max() / max(1.0, np.abs(e.logits).max()))
             self.max_logit_error = max(self.max_logit_error, error)
@@ -123,19 +129,24 @@ class Lockstep:
                 )
         self._check_tables(f"step {self.n_steps}")
         self.n_steps += 1
+        raise_observed(observed)
         return got
 
     def _same(self, what: str, call: Callable[[Executor], object]):
-        got, expect = self._both(call)
+        observed = []
+        got, expect = self._both(call, observed)
         if got != expect:
             raise LockstepError(f"{what}: got {got!r}, the reference {expect!r}")
         self._check_tables(what)
+        raise_observed(observed)
         return got
 
-    def _both(self, call: Callable[[Executor], object]) -> tuple:
-        """(executor's result, reference's result); a refusal must be the same on both."""
+    def _both(self, call: Callable[[Executor], object], observed: list) -> tuple:
+        """(executor's result, reference's result); a refusal must be the same on both. A
+        call that completed but whose observers raised gives its result; the ObserverError
+        goes to `observed`, the executor's first."""
         try:
-            got = call(self.executor)
+            got = completed(observed, call, self.executor)
         except Exception as error:
             try:
                 call(self.reference)
@@ -149,7 +160,7 @@ class Lockstep:
                 f"the executor refused ({error!r}), the reference did not"
             ) from error
         try:
-            expect = call(self.reference)
+            expect = completed(observed, call, self.reference)
         except Exception as error:
             raise LockstepError(
                 f"the reference refused ({error!r}), the executor did not"

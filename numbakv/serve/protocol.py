@@ -16,7 +16,9 @@ from numbakv.serve.sampling import GREEDY, Sampling
 
 @runtime_checkable
 class SessionExecutor(Protocol):
-    """Sessions and batches: the members the `Engine` uses."""
+    """Sessions and batches: the members the `Engine` uses. A call that raises
+    `ObserverError` has completed (an observer of a cache raised after it): `.result` holds
+    what it returned (the session id, the outputs), and the engine carries on with it."""
 
     @property
     def vocab_size(self) -> int:

@@ -1,6 +1,7 @@
 """The `Engine`'s requests: what a caller gets back (`TokenEvent`, `Completion`,
 `RequestMetrics`), what the engine keeps per request and per sample, and the checks of a
-submission's arguments (ConfigError, naming the bad value, before anything is queued)."""
+submission's arguments (ConfigError, naming the bad value, before anything is queued) and
+of the engine's parts."""
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -11,7 +12,9 @@ import numpy as np
 from numbakv.config import as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError
 from numbakv.serve._guards import token_ids
+from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import Sampling, check_sampling
+from numbakv.serve.tokenizer import Tokenizer
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
 
@@ -164,3 +167,19 @@ def check_on_token(on_token) -> Callable[[TokenEvent], None] | None:
             f"on_token must be a callable taking a TokenEvent, or None; got {on_token!r}"
         )
     return on_token
+
+
+def check_parts(executor, tokenizer, clock) -> None:
+    """ConfigError unless `executor` is a `SessionExecutor`, `tokenizer` a `Tokenizer`
+    whose tokens the executor takes and `clock` a callable."""
+    if not isinstance(executor, SessionExecutor):
+        raise ConfigError(f"expected a SessionExecutor (an Executor, a Lockstep), got {executor!r}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise ConfigError(f"expected a Tokenizer (vocab_size, encode, decode), got {tokenizer!r}")
+    if tokenizer.vocab_size > executor.vocab_size:
+        raise ConfigError(
+            f"the tokenizer's vocab_size={tokenizer.vocab_size} passes the executor's "
+            f"vocab_size={executor.vocab_size}"
+        )
+    if not callable(clock):
+        raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")

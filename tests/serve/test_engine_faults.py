@@ -201,6 +201,32 @@ def test_generate_raises_and_cancels_only_its_own_requests():
     assert engine.result(outside).tokens == expect[0]
 
 
+def test_generate_finishes_its_requests_when_another_requests_callback_raises():
+    engine = new_engine()
+    clean = [engine.generate(PROMPTS[1:], 5, sampling(1))[i].tokens for i in range(2)]
+    engine = new_engine()
+    outside = engine.submit(PROMPTS[0], 5, sampling(0), on_token=listener([], (0, 1)))
+    with pytest.raises(Boom) as raised:
+        engine.generate(PROMPTS[1:], 5, sampling(1))
+    assert "generate() finished its requests [1, 2] first" in "".join(raised.value.__notes__)
+    assert engine.result(outside).finish_reasons == ["error"]
+    for i in (1, 2):  # not cancelled: they got every token of the fault-free run
+        assert engine.result(i).tokens == clean[i - 1]
+        assert engine.result(i).finish_reasons == ["length"]
+    assert_consistent(engine)
+    assert not engine.is_busy
+    # an interrupt is no fault of another request: generate stops at once
+    engine.submit(PROMPTS[0], 5, sampling(0), on_token=interrupt_on_first_token)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(PROMPTS[1:], 5, sampling(1))
+    assert [engine.result(i).finish_reasons for i in (4, 5)] == [["cancelled"]] * 2
+    assert_consistent(engine)
+
+
+def interrupt_on_first_token(event):
+    raise KeyboardInterrupt
+
+
 def test_callbacks_may_submit_and_cancel_but_not_step():
     engine = new_engine()
     later = []
