@@ -130,7 +130,7 @@ def worker(cache, seed: int, n_ops: int, failures: list) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_threads_sharing_a_cache_keep_it_consistent(impl, seed):
     cache = impl.cache(capacity=64, max_seqs=16, max_width=8)
-    n_ops = 40 if impl.name == "device" else 200  # the simulator runs each kernel slowly
+    n_ops = 40 if impl.name == "device" else 100  # the simulator runs each kernel slowly
     failures: list = []
     threads = [
         threading.Thread(target=worker, args=(cache, 10 * seed + i, n_ops, failures))

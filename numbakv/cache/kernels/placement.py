@@ -13,7 +13,6 @@ from numbakv.cache.kernels.launch import check_extent, launch_dims
 from numbakv.cache.kernels.storage import (
     BFLOAT16_STORAGE,
     FLOAT_STORAGE,
-    keep,
     kind,
     narrow_bfloat16,
 )
@@ -37,8 +36,9 @@ PLACE_TOKENS_SIGNATURES = [
 ]
 
 
-def make_scatter(store):
-    """The scatter kernel that stores `store(x)` for each value x (see `storage`)."""
+def make_scatter(is_bfloat16):
+    """The scatter kernel of float pools (the store casts) or of bfloat16 pools (rounded by
+    `storage.narrow_bfloat16`): a closure constant, so the compiler keeps one branch."""
 
     def scatter_kv(k, v, k_pool, v_pool, cells, width):
         """Copies K and V of each token t < width into pool row cells[t], rounded to the
@@ -54,15 +54,19 @@ def make_scatter(store):
                 j = i - t * row
                 h = j // head_dim
                 d = j - h * head_dim
-                k_pool[cell, h, d] = store(k[t, h, d])
-                v_pool[cell, h, d] = store(v[t, h, d])
+                if is_bfloat16:
+                    k_pool[cell, h, d] = narrow_bfloat16(k[t, h, d])
+                    v_pool[cell, h, d] = narrow_bfloat16(v[t, h, d])
+                else:  # the cast rounds to nearest even, like astype
+                    k_pool[cell, h, d] = k[t, h, d]
+                    v_pool[cell, h, d] = v[t, h, d]
 
     return scatter_kv
 
 
-scatter_kv = kernel(SCATTER_KV_SIGNATURES, name="scatter_kv")(make_scatter(keep))
+scatter_kv = kernel(SCATTER_KV_SIGNATURES, name="scatter_kv")(make_scatter(False))
 scatter_kv_bf16 = kernel(scatter_signatures(BFLOAT16_STORAGE), name="scatter_kv_bf16")(
-    make_scatter(narrow_bfloat16)
+    make_scatter(True)
 )
 
 

@@ -5,7 +5,7 @@ arithmetic, which runs the same on the simulator and on every GPU.
 
 import numpy as np
 
-from numbakv.cache._cuda import float_as_int, int_as_float
+from numbakv.cache._cuda import float_as_int
 from numbakv.cache.kernels import device_function
 
 FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast
@@ -16,26 +16,8 @@ SIGN = np.int32(0x8000)
 
 
 def kind(pool_dtype) -> str:
-    """ "bfloat16" for a pool of bit patterns (uint16), else "float": which kernels it takes."""
+    """Which kernels a pool takes: "bfloat16" for bit patterns (uint16), else "float"."""
     return "bfloat16" if np.dtype(pool_dtype).name in BFLOAT16_STORAGE else "float"
-
-
-@device_function
-def widen_float(x):
-    """A float32 or float16 pool entry as float32."""
-    return np.float32(x)
-
-
-@device_function
-def widen_bfloat16(bits):
-    """A bfloat16 bit pattern (uint16) as the float32 it is: the pattern is its top half."""
-    return int_as_float(np.int32(np.int32(bits) << np.int32(16)))
-
-
-@device_function
-def keep(x):
-    """A value for a float pool: the store casts it (round to nearest even)."""
-    return x
 
 
 @device_function

@@ -6,13 +6,12 @@ from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.attention.tiles import (
     EMPTY,
+    NAN,
     NEG_INF,
     PARTIALS,
+    POS_INF,
     ZERO,
     Q,
-    finish,
-    is_finite,
-    nan_max,
 )
 
 # part_acc, part_m, part_l, width, n_splits, out
@@ -23,7 +22,7 @@ MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, int32, int32, {Q})"]
 def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
     """out[t, h] = the splits' partial means combined: sum w_i acc_i / sum w_i, w_i =
     l_i e^(m_i - M), over the splits that saw a cell (l_i != EMPTY), M their NaN-propagating
-    max; 0 when none saw a cell, NaN when M is not finite (`tiles.finish`). The weights are
+    max; 0 when none saw a cell, NaN when M is not finite (as `tiles.write_rows`). The weights are
     normalised before the products, so no sum overflows."""
     # part_acc: [>= width, n_heads, >= n_splits, head_dim]
     # part_m, part_l: [>= width, n_heads, >= n_splits]
@@ -38,10 +37,13 @@ def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
         denominator = EMPTY
         for split in range(n_splits):
             if part_l[t, h, split] != EMPTY:
-                m_max = nan_max(m_max, part_m[t, h, split])
+                m = part_m[t, h, split]
+                if m > m_max or m != m:  # a max that keeps a NaN
+                    m_max = m
                 denominator = ZERO
         mean = ZERO
-        if is_finite(m_max):
+        is_finite = NEG_INF < m_max < POS_INF
+        if is_finite:
             for split in range(n_splits):
                 total = part_l[t, h, split]
                 if total != EMPTY:  # e^-inf = 0 for a split whose scores were all -inf
@@ -51,4 +53,8 @@ def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
                 if total != EMPTY:  # select: an empty split's acc is never read
                     weight = math.exp(part_m[t, h, split] - m_max) * total / denominator
                     mean += weight * part_acc[t, h, split, d]
-        out[t, h, d] = finish(mean, m_max, denominator)
+        if denominator == EMPTY:
+            mean = ZERO
+        elif not is_finite:
+            mean = NAN
+        out[t, h, d] = mean

@@ -28,9 +28,8 @@ import math
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache._cuda import cuda, int_as_float
 from numbakv.cache.kernels import device_function, storage
-from numbakv.cache.kernels.storage import widen_bfloat16, widen_float
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
 K_STRIDE = HEAD_DIM_MAX + 1  # K and q rows padded by one word: no shared bank conflicts
@@ -48,6 +47,7 @@ NAN = np.float32(np.nan)
 EMPTY = np.float32(-1.0)  # l of a row that has seen no cell (a seen cell makes l >= 0)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
+SHIFT = np.int32(16)  # a bfloat16 pattern's place in a float32
 
 STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16 patterns)
 Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
@@ -79,29 +79,6 @@ def split_range(lo, hi, split, n_splits):
 
 
 @device_function
-def nan_max(a, b):
-    """max(a, b), NaN when either is NaN (a plain max drops a NaN b)."""
-    return a if (a > b or a != a) else b
-
-
-@device_function
-def is_finite(x):
-    """False for NaN and ±inf."""
-    return NEG_INF < x < POS_INF
-
-
-@device_function
-def finish(acc, m, total):
-    """A row's output from its accumulator (the weighted mean of V), max and sum: 0 when it
-    saw no cell, NaN when its max is not finite (a NaN or an infinite score), else acc."""
-    if total == EMPTY:
-        return ZERO
-    if not is_finite(m):
-        return NAN
-    return acc
-
-
-@device_function
 def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
     """Loads the rows' queries, zeroes their accumulators, m = -inf and l = EMPTY."""
     # q: [>= width, n_heads, head_dim]  q_s: [rows, K_STRIDE]  acc_s: [rows, HEAD_DIM_MAX]
@@ -117,8 +94,10 @@ def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
     cuda.syncthreads()
 
 
-def make_load_tile(widen):
-    """The tile loader of a storage kind: `widen` turns a pool entry into float32."""
+def make_load_tile(is_bfloat16):
+    """The tile loader of a storage kind: float pools cast, bfloat16 pools widen their bit
+    patterns. A closure constant, so the compiler keeps one branch. Hot loops call no device
+    function: each call costs the simulator a module swap (60x slower kernels)."""
 
     def load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim):
         """K/V of the cells some row sees into shared memory as float32; zeros for the rest
@@ -130,19 +109,22 @@ def make_load_tile(widen):
             jj = i // head_dim
             d = i - jj * head_dim
             c = cell_s[jj]
-            if c >= 0:
-                k_s[jj, d] = widen(k_pool[c, kv_head, d])
-                v_s[jj, d] = widen(v_pool[c, kv_head, d])
-            else:
+            if c < 0:
                 k_s[jj, d] = ZERO
                 v_s[jj, d] = ZERO
+            elif is_bfloat16:  # the pattern is the top half of the float32
+                k_s[jj, d] = int_as_float(np.int32(np.int32(k_pool[c, kv_head, d]) << SHIFT))
+                v_s[jj, d] = int_as_float(np.int32(np.int32(v_pool[c, kv_head, d]) << SHIFT))
+            else:
+                k_s[jj, d] = np.float32(k_pool[c, kv_head, d])
+                v_s[jj, d] = np.float32(v_pool[c, kv_head, d])
         cuda.syncthreads()
 
     return device_function(load_tile)
 
 
-load_float_tile = make_load_tile(widen_float)
-load_bfloat16_tile = make_load_tile(widen_bfloat16)
+load_float_tile = make_load_tile(False)
+load_bfloat16_tile = make_load_tile(True)
 
 
 @device_function
@@ -173,9 +155,11 @@ def tile_update(
         is_seen = False
         for jj in range(tile):
             if ok_s[k, jj] != 0:
-                m_new = nan_max(m_new, s_s[r, jj])
+                score = s_s[r, jj]
+                if score > m_new or score != score:  # a max that keeps a NaN
+                    m_new = score
                 is_seen = True
-        is_usable = is_finite(m_new)  # else the row ends NaN (or stays -inf, all -inf so far)
+        is_usable = NEG_INF < m_new < POS_INF  # else the row ends NaN (or all -inf so far)
         total = ZERO
         for jj in range(tile):
             p = ZERO
@@ -212,13 +196,18 @@ def tile_update(
 
 @device_function
 def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
-    """out[t, h] = the row's weighted mean (`finish`: 0 where the row saw nothing, NaN where
-    its max is not finite)."""
+    """out[t, h] = the row's weighted mean; 0 where the row saw nothing, NaN where its max is
+    not finite (a NaN or an infinite score)."""
     # out: [>= width, n_heads, head_dim]
     for i in range(cuda.threadIdx.x, n_rows * head_dim, cuda.blockDim.x):
         r = i // head_dim
         d = i - r * head_dim
-        out[tok_s[T, r // n_hb], h0 + r % n_hb, d] = finish(acc_s[r, d], m_s[r], l_s[r])
+        value = acc_s[r, d]
+        if l_s[r] == EMPTY:
+            value = ZERO
+        elif not NEG_INF < m_s[r] < POS_INF:
+            value = NAN
+        out[tok_s[T, r // n_hb], h0 + r % n_hb, d] = value
     cuda.syncthreads()
 
 
