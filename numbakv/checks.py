@@ -140,11 +140,16 @@ def check_mode(mode) -> str:
     return mode
 
 
+def default_scale(head_dim: int) -> np.float32:
+    """The score scale attention uses unless told: 1 / sqrt(head_dim), as float32."""
+    return np.float32(1.0 / np.sqrt(head_dim))
+
+
 def check_scale(scale, head_dim: int) -> np.float32:
     """The score scale as float32: 1 / sqrt(head_dim) when None, else a finite positive
     real (an int or float, not a bool or a string) that stays so in float32."""
     if scale is None:
-        return np.float32(1.0 / np.sqrt(head_dim))
+        return default_scale(head_dim)
     if isinstance(scale, numbers.Real) and not isinstance(scale, bool | np.timedelta64):
         try:
             with np.errstate(over="ignore"):
@@ -155,7 +160,7 @@ def check_scale(scale, head_dim: int) -> np.float32:
             return value
     raise StepError(
         f"scale={scale!r} is not a finite positive real in float32; give a float such as "
-        f"1 / sqrt(head_dim) = {1.0 / np.sqrt(head_dim):.6g}, or None for that default"
+        f"1 / sqrt(head_dim) = {default_scale(head_dim):.6g}, or None for that default"
     )
 
 

@@ -161,13 +161,15 @@ def _at_most(name: str, value: int, bound: int) -> None:
 def _check_bytes(config: CacheConfig) -> None:
     sizes = config.device_bytes()
     fixed = sizes["total"] - sizes["pool"]
-    parts = ", ".join(f"{name} {n:,}" for name, n in sizes.items() if name not in ("pool", "total"))
     if sizes["pool"] > MAX_POOL_BYTES:
         raise ConfigError(
             f"a full pool takes {sizes['pool']:,} bytes (capacity x n_layers x row_bytes), more "
             f"than {MAX_POOL_BYTES:,}; lower capacity, n_layers, n_kv_heads or head_dim"
         )
     if fixed > MAX_FIXED_BYTES:
+        parts = ", ".join(
+            f"{name} {n:,}" for name, n in sizes.items() if name not in ("pool", "total")
+        )
         raise ConfigError(
             f"the fixed buffers take {fixed:,} bytes ({parts}), more than {MAX_FIXED_BYTES:,}; "
             "lower max_seqs x max_seq_len, max_width x capacity or the number of windows"

@@ -67,10 +67,7 @@ def pool_values(stored: np.ndarray, dtype: str) -> np.ndarray:
 def as_stored(x, dtype: str) -> np.ndarray:
     """float32 values as a pool of storage `dtype` holds them, widened back to float32;
     bfloat16 through ml_dtypes, an oracle written independently of both caches."""
-    x = np.asarray(x, dtype=np.float32)
-    if dtype == "bfloat16":
-        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
-    return x.astype(dtype).astype(np.float32)
+    return pool_values(as_storage(x, dtype), dtype)
 
 
 def step_with(cache: CellCache, seq_ids, width=None):

@@ -19,16 +19,12 @@ from numbakv.checks import (
     check_scale,
     check_shape,
     check_width,
+    default_scale,  # noqa: F401  (numbakv.cache.default_scale, public since 0.1)
 )
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError, ConfigError, StepError
 from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
-
-
-def default_scale(head_dim: int) -> np.float32:
-    """The score scale attention uses unless told: 1 / sqrt(head_dim), as float32."""
-    return np.float32(1.0 / np.sqrt(head_dim))
 
 
 class CellCache(Observable):
