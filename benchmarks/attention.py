@@ -8,9 +8,11 @@ Each case builds a churned table with the host table (sequences prefilled round-
 chunks, then clones, rewinds and removals whose holes refill), so a sequence's cells
 interleave with others'. The decode step is one token per sequence. `masked` visits every
 cell of [0, read_len) for every token; `gathered` visits exactly the cells a token sees.
-On a GPU the pool (float16), seq_cells and the step's mask are uploaded once and each
-mode's kernel is timed with CUDA events; torch's scaled_dot_product_attention runs on the
-same K/V laid out densely, when torch with CUDA is installed.
+On a GPU the pool (float16), seq_cells, the step buffer and the step's mask are uploaded
+once; each mode is planned once, as the device cache plans it (`attention.plan_attention`,
+one split workspace), and its launch (`run_attention`: decode and merge) is timed with CUDA
+events; torch's scaled_dot_product_attention runs on the same K/V laid out densely, when
+torch with CUDA is installed.
 """
 
 import argparse
@@ -100,9 +102,10 @@ def time_kernel(run, repeat: int) -> float:
 
 
 def gpu_times(table, cfg, seq_ids, positions, window, repeat):
-    """{mode: seconds} of the two kernels (and torch SDPA when available)."""
-    from numbakv.cache.kernels.attention import launch_attend_gathered, launch_attend_masked
-    from numbakv.cache.kernels.masks import launch_write_mask
+    """{mode: seconds} of the two modes' planned launches (and torch SDPA when available)."""
+    from numbakv.cache.kernels.attention import plan_attention, run_attention, split_workspace
+    from numbakv.cache.kernels.masks import launch_write_masks
+    from numbakv.cache.kernels.step_buffer import host_step
 
     rng = np.random.default_rng(0)
     rows, width = table.read_len, len(seq_ids)
@@ -117,26 +120,39 @@ def gpu_times(table, cfg, seq_ids, positions, window, repeat):
     cell_pos[:rows] = snap.pos
     owners = np.zeros((cfg.capacity, cfg.n_owner_words), np.uint64)
     owners[:rows] = snap.owners
-    seq_ids_d, positions_d = cuda.to_device(seq_ids), cuda.to_device(positions)
-    mask = cuda.device_array((width, rows), np.uint8)
-    launch_write_mask(
-        mask, cuda.to_device(cell_pos[:rows]), cuda.to_device(owners[:rows]), seq_ids_d,
-        positions_d, width, rows, window,
-    )  # fmt: skip
+    # the step buffer: the tokens' positions and sequences, width and read_len (the
+    # attention kernels read no cells: -1)
+    step = cuda.to_device(host_step(np.full(width, -1), positions, seq_ids, read_len=rows))
+    masks = cuda.device_array((1, width, rows), np.uint8)
+    window_d = cuda.to_device(np.array([window], np.int32))
+    cell_pos_d, owners_d = cuda.to_device(cell_pos[:rows]), cuda.to_device(owners[:rows])
+    launch_write_masks(masks, window_d, cell_pos_d, owners_d, step, width)
+    mask = masks[0]
     q = cuda.to_device(rng.standard_normal((width, N_HEADS, HEAD_DIM)).astype(np.float32))
     out = cuda.device_array(q.shape, np.float32)
     scale = np.float32(HEAD_DIM**-0.5)
     seq_cells_d = cuda.to_device(seq_cells)
-    times = {
-        "masked": time_kernel(
-            lambda: launch_attend_masked(q, k, v, mask, width, rows, scale, out), repeat
+    # planned as the device cache plans: a token reads at most capacity cells (masked), or
+    # its window's or max_seq_len's (gathered)
+    gathered_len = min(window, cfg.max_seq_len) if window else cfg.max_seq_len
+    shape = (width, N_HEADS, N_KV_HEADS, HEAD_DIM)
+    runs = {
+        "masked": (plan_attention("masked", "float", *shape, cfg.capacity), (mask,)),
+        "gathered": (
+            plan_attention("gathered", "float", *shape, gathered_len),
+            (seq_cells_d, np.int32(window)),
         ),
-        "gathered": time_kernel(
-            lambda: launch_attend_gathered(
-                q, k, v, seq_cells_d, seq_ids_d, positions_d, width, window, scale, out
+    }
+    max_splits = max(1, *(plan.n_splits for plan, _ in runs.values()))
+    workspace = split_workspace(width, N_HEADS, HEAD_DIM, max_splits=max_splits)
+    times = {
+        mode: time_kernel(
+            lambda plan=plan, view=view: run_attention(
+                plan, q, k, v, step, view, scale, out, workspace, 0
             ),
             repeat,
-        ),
+        )
+        for mode, (plan, view) in runs.items()
     }
     times.update(torch_time(table, seq_ids, k, v, window, repeat))
     return times

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from numbakv import _moved
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
     "Step": "numbakv.cache.step",
+    "Bindings": "numbakv.cache.bindings",
     "device_info": "numbakv.cache._cuda",
     "CacheConfig": "numbakv.config",
     "Snapshot": "numbakv.snapshot",

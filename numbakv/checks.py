@@ -8,6 +8,7 @@ order of the checks, to a fixed expected error on both caches instead."""
 
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,9 +61,84 @@ def check_float_dtype(name: str, dtype) -> None:
 
 
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
-    """[n] int32 live ids, 1 <= n <= max_width, n <= free cells, no sequence past
-    max_seq_len positions; `table` is either table. `seq_ids` is a list, tuple, range or
-    1-d integer array (an iterator would be consumed by a refusal)."""
+    """[n] int32 live ids, a fresh array: 1 <= n <= max_width, n <= free cells, no sequence
+    past max_seq_len positions; `table` is either table. `seq_ids` is a list, tuple, range or
+    1-d integer array (an iterator would be consumed by a refusal).
+
+    A 1-d integer array, or a list or tuple of ints, is checked in one pass; anything else,
+    and any declaration with a bad id, is checked id by id, so that the error names the
+    first bad one."""
+    used = table.used_cells
+    ids = _admitted_at_once(table, config, used, seq_ids)
+    if ids is not None:
+        return ids
+    ids = np.asarray(_live_ids_one_by_one(table, seq_ids), dtype=np.int32)
+    n = len(ids)
+    if not 1 <= n <= config.max_width:
+        raise StepError(f"a step declares 1 to max_width={config.max_width} tokens, got {n}")
+    free = config.capacity - used  # free_cells, without asking the table twice
+    if free < n:
+        raise CapacityError(
+            f"the step declares {n} tokens but only {free} of "
+            f"{config.capacity} cells are free; seq_rm() or rewind() sequences first"
+        )
+    if used + n <= config.max_seq_len:  # no sequence can hold more than that
+        return ids
+    for seq, count in zip(*np.unique(ids, return_counts=True), strict=True):
+        if table.length(seq) + count > config.max_seq_len:
+            raise CapacityError(
+                f"sequence {seq} holds {table.length(seq)} positions; {count} more would pass "
+                f"max_seq_len={config.max_seq_len}; rewind() it or raise max_seq_len"
+            )
+    return ids
+
+
+def _admitted_at_once(table, config: CacheConfig, used: int, seq_ids) -> np.ndarray | None:
+    """A fresh [n] int32 copy of `seq_ids` when it is a 1-d native-order integer array, or a
+    list or tuple of exactly `int`s, and the declaration passes every check (ids live, 1 <=
+    n <= max_width, n <= free cells, no sequence past max_seq_len); else None (the caller
+    checks again, one id at a time, to name what is wrong).
+
+    The ids are tested by `table.admits` when the table has it (the device table's one njit
+    pass, max_seq_len included), else by NumPy against `table.live` (and max_seq_len is
+    left to the caller's count)."""
+    kind = type(seq_ids)
+    if kind is np.ndarray:
+        dtype = seq_ids.dtype
+        if seq_ids.ndim != 1 or dtype.kind not in "iu" or not dtype.isnative:
+            return None
+        ids = seq_ids
+    elif kind is list or kind is tuple:
+        n = len(seq_ids)
+        if operator.countOf(map(type, seq_ids), int) != n:  # bools, NumPy ints, floats ...
+            return None
+        try:
+            ids = np.fromiter(seq_ids, np.int32, n)
+        except OverflowError:  # an id past int32: not live
+            return None
+    else:
+        return None
+    n = len(ids)
+    if not 1 <= n <= min(config.max_width, config.capacity - used):
+        return None
+    bound = config.max_seq_len if used + n > config.max_seq_len else 0  # 0: none can pass
+    admits = getattr(table, "admits", None)
+    if admits is not None:
+        if not admits(ids, bound):
+            return None
+    elif bound or not _all_live(ids, table.live):
+        return None
+    return ids.astype(np.int32) if ids is seq_ids else ids  # a copy: the caller keeps theirs
+
+
+def _all_live(ids: np.ndarray, live: np.ndarray) -> bool:
+    """Whether every id of `ids` ([n] integers, n >= 1) is live (live: [max_seqs] bool)."""
+    return bool(ids.min() >= 0 and ids.max() < len(live) and live[ids].all())
+
+
+def _live_ids_one_by_one(table, seq_ids) -> list[int]:
+    """`seq_ids` as a list of ints, each checked by `table.check_live`; StepError when it is
+    no sequence of ids or its items cannot be read."""
     if isinstance(seq_ids, np.ndarray):
         is_list = seq_ids.ndim == 1
     else:
@@ -74,29 +150,11 @@ def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
             f"got {short_repr(seq_ids)}"
         )
     try:
-        seq_ids = [table.check_live(seq) for seq in seq_ids]
+        return [table.check_live(seq) for seq in seq_ids]
     except CacheError:
         raise
     except Exception as error:  # a sequence whose items cannot be read
         raise StepError(f"cannot read the declared ids {short_repr(seq_ids)}: {error!r}") from error
-    n = len(seq_ids)
-    if not 1 <= n <= config.max_width:
-        raise StepError(f"a step declares 1 to max_width={config.max_width} tokens, got {n}")
-    if table.free_cells < n:
-        raise CapacityError(
-            f"the step declares {n} tokens but only {table.free_cells} of "
-            f"{config.capacity} cells are free; seq_rm() or rewind() sequences first"
-        )
-    seq_ids = np.asarray(seq_ids, dtype=np.int32)
-    if table.used_cells + n <= config.max_seq_len:  # no sequence can hold more than that
-        return seq_ids
-    for seq, count in zip(*np.unique(seq_ids, return_counts=True), strict=True):
-        if table.length(seq) + count > config.max_seq_len:
-            raise CapacityError(
-                f"sequence {seq} holds {table.length(seq)} positions; {count} more would pass "
-                f"max_seq_len={config.max_seq_len}; rewind() it or raise max_seq_len"
-            )
-    return seq_ids
 
 
 def check_width(width, n: int, max_width: int) -> int:

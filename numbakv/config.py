@@ -96,9 +96,9 @@ class CacheConfig:
         """Bytes the device cache takes, by buffer: "pool" (K and V of every layer at full
         capacity), the fixed buffers allocated once ("masks": one [max_width, capacity]
         uint8 per distinct window, "cell_pos", "cell_owners", "seq_cells" [max_seqs,
-        max_seq_len] int32, "seq_len", "step": the [max_width] step arrays and read_len),
-        and "total". The decode kernels' scratch (a few KB per query-head count) is not
-        counted."""
+        max_seq_len] int32, "seq_len", "step": the [4, max(max_width, 2)] int32 step buffer),
+        and "total". The decode kernels' split workspace (rows x n_heads x 32 x head_dim
+        float32 per query head count, `CellCache.reserve`) is not counted."""
         sizes = {
             "pool": self.capacity * self.n_layers * self.row_bytes,
             "masks": len(self.distinct_windows) * self.max_width * self.capacity,
@@ -106,7 +106,7 @@ class CacheConfig:
             "cell_owners": 8 * self.capacity * self.n_owner_words,
             "seq_cells": 4 * self.max_seqs * self.max_seq_len,
             "seq_len": 4 * self.max_seqs,
-            "step": 4 * (3 * self.max_width + 1),
+            "step": 4 * 4 * max(self.max_width, 2),
         }
         sizes["total"] = sum(sizes.values())
         return sizes

@@ -186,3 +186,18 @@ def test_imports_resolve():
     assert resolve("numbakv.Engine") == "numbakv.serve.engine"
     assert resolve("numbakv.kernels.masks") == "numbakv.cache.kernels.masks"
     assert resolve("viz.plots") == "numbakv.viz.plots"
+
+
+def test_no_module_is_over_400_lines():
+    # the project's rule: one module per idea, none over 400 lines
+    checkout = Path(__file__).resolve().parents[1]
+    folders = [checkout / name for name in ("numbakv", "reference", "viz", "benchmarks")]
+    assert all(folder.is_dir() for folder in folders), folders
+    lines = {
+        path.relative_to(checkout).as_posix(): len(path.read_text().splitlines())
+        for folder in folders
+        for path in folder.rglob("*.py")
+    }
+    assert len(lines) > len(folders)
+    too_long = [f"{path} ({n} lines)" for path, n in sorted(lines.items()) if n > 400]
+    assert not too_long, "over 400 lines: " + ", ".join(too_long)

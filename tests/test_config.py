@@ -111,11 +111,19 @@ def test_device_bytes_are_what_the_device_cache_allocates():
     assert sizes["masks"] == sum(n for name, n in buffers.items() if name.startswith("mask"))
     for name in ("cell_pos", "cell_owners", "seq_cells", "seq_len"):
         assert sizes[name] == buffers[name], name
-    assert sizes["step"] == sum(buffers[n] for n in ("cells", "positions", "seq_ids", "read_len"))
+    assert sizes["step"] == buffers["step"] == 4 * 4 * cfg.max_width  # [4, max_width] int32
+    assert "cells" not in buffers and "read_len" not in buffers  # rows of the step buffer
     cache.declare_step([cache.seq_new()] * 16)
     cache.prepare_step()
     assert sizes["pool"] == cache.allocated_bytes * cfg.capacity // cache.rows
     assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
+
+
+def test_the_step_buffer_has_room_for_the_scalars():
+    # [4, max(max_width, 2)] int32: the SCALARS row holds the width and read_len
+    assert make(max_width=1).device_bytes()["step"] == 4 * 4 * 2
+    assert make(max_width=2).device_bytes()["step"] == 4 * 4 * 2
+    assert make(max_width=3).device_bytes()["step"] == 4 * 4 * 3
 
 
 def test_frozen():

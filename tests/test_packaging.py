@@ -1,6 +1,7 @@
 """The package's shape: import boundaries, the error hierarchy, the console script."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,18 @@ def test_the_host_table_imports_numba_but_not_numba_cuda(tmp_path):
     assert done.returncode == 0, (
         f"exit {done.returncode} (2: no numba, 1: numba.cuda)\n{done.stderr}"
     )
+
+
+def test_the_device_cache_imports_without_a_device_context(tmp_path):
+    # compile mode has numba.cuda but no GPU: a module that touched the driver at import
+    # (a stream, a context) would raise CudaSupportError here, and on a GPU would create
+    # device 0's context before the user chose a device
+    code = "import numbakv.cache.cellcache, numbakv.cache.streams; print('ok')"
+    env = {**os.environ, "NUMBAKV_DEVICE": "compile"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 MOVED = textwrap.dedent(

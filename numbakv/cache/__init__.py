@@ -13,6 +13,7 @@ _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
     "default_scale": "numbakv.cache.cellcache",
     "Step": "numbakv.cache.step",
+    "Bindings": "numbakv.cache.bindings",
     "StepBuffers": "numbakv.cache.buffers",
     "DevicePool": "numbakv.cache.pool",
     "device_allocator": "numbakv.cache.pool",

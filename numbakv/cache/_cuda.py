@@ -16,6 +16,8 @@ from numbakv.cache.device import IS_SIMULATOR, MODE, MODES, gpu_count  # noqa: F
 from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
 
 if IS_SIMULATOR:
+    from numba.cuda.simulator.api import stream as STREAM_TYPE  # the class of its streams
+
     DRIVER_ERRORS: tuple[type[BaseException], ...] = ()
 
     # the simulator has no libdevice (its functions return None): NumPy's view is the same cast
@@ -29,6 +31,7 @@ if IS_SIMULATOR:
 
 else:  # out of device memory comes as the driver's API error
     from numba.cuda.cudadrv.driver import CudaAPIError
+    from numba.cuda.cudadrv.driver import Stream as STREAM_TYPE  # noqa: F401
     from numba.cuda.libdevice import float_as_int, int_as_float  # noqa: F401
 
     DRIVER_ERRORS = (CudaAPIError,)
@@ -86,8 +89,19 @@ def device_info() -> dict:
     return {"mode": MODE, "name": name, "compute_capability": None}
 
 
+def ordering_event():
+    """A CUDA event without timing, for ordering work (the simulator's takes no options)."""
+    return cuda.event() if IS_SIMULATOR else cuda.event(timing=False)
+
+
+def is_done(event) -> bool:
+    """Whether the work before `event` has finished, without waiting (the simulator's work
+    always has: it runs each launch and copy to completion before returning)."""
+    return IS_SIMULATOR or event.query()
+
+
 def device_address(array) -> int:
     """Where `array`'s data lives: its device pointer, or in the simulator its host buffer."""
     if IS_SIMULATOR:
-        return array.copy_to_host.__self__._ary.__array_interface__["data"][0]
+        return array._ary.__array_interface__["data"][0]
     return array.__cuda_array_interface__["data"][0]

@@ -6,8 +6,11 @@ fills up moves to the arena's top with double the room (its old words become gar
 and an arena without room at the top is compacted into a new one at least twice the
 size still held.
 
-    seg  : [3, max_seqs] int64, rows OFF, CAP, LEN
+    seg  : [4, max_seqs] int64, rows OFF, CAP, LEN and NEW (`reserve_room`'s count of each
+           id's new cells, zero between calls)
     meta : [2] int64, TOP (first unused word) and GARBAGE (words of abandoned segments)
+
+The arrays are few on purpose: each array an njit call takes costs its dispatch time.
 """
 
 import numbakv.cache.device  # noqa: F401, I001  (sets numba's simulator flag before numba is imported)
@@ -15,7 +18,7 @@ import numbakv.cache.device  # noqa: F401, I001  (sets numba's simulator flag be
 import numba
 import numpy as np
 
-OFF, CAP, LEN = 0, 1, 2  # rows of `seg`
+OFF, CAP, LEN, NEW = 0, 1, 2, 3  # rows of `seg`
 TOP, GARBAGE = 0, 1  # slots of `meta`
 MIN_SEGMENT = 16  # words a sequence's segment holds at least once it holds any
 
@@ -23,11 +26,12 @@ MIN_SEGMENT = 16  # words a sequence's segment holds at least once it holds any
 class Segments:
     """Per sequence id, a segment of cells in position order (0 words for a free id)."""
 
-    def __init__(self, max_seqs: int):
-        self.seg = np.zeros((3, max_seqs), dtype=np.int64)
-        self.meta = np.zeros(2, dtype=np.int64)
+    def __init__(self, max_seqs: int, meta: np.ndarray | None = None):
+        """meta: where to keep TOP and GARBAGE, a [2] int64 view of the owner's own counters
+        (so that the owner's kernels take one array for both), default a new array."""
+        self.seg = np.zeros((4, max_seqs), dtype=np.int64)
+        self.meta = np.zeros(2, dtype=np.int64) if meta is None else meta
         self.arena = np.empty(MIN_SEGMENT * max(4, max_seqs), dtype=np.int32)  # grows
-        self._scratch = np.zeros(max_seqs, dtype=np.int64)  # all zero between calls
 
     def length(self, seq: int) -> int:
         return int(self.seg[LEN, seq])
@@ -42,7 +46,7 @@ class Segments:
         cap = max(MIN_SEGMENT, room)
         if self.meta[TOP] + cap > len(self.arena):
             self._compact(cap)
-        self.seg[:, seq] = (self.meta[TOP], cap, 0)
+        self.seg[:, seq] = (self.meta[TOP], cap, 0, 0)
         self.meta[TOP] += cap
 
     def open_prefix(self, seq: int, src: int, upto: int) -> np.ndarray:
@@ -64,20 +68,21 @@ class Segments:
 
     def reserve(self, seq_ids: np.ndarray) -> None:
         """Makes room to append one cell per entry of `seq_ids` ([n] int32 open ids)."""
-        while short := _reserve(self.arena, self.seg, self.meta, seq_ids, self._scratch):
+        while short := reserve_room(self.arena, self.seg, self.meta, seq_ids):
             self._compact(short)
 
     def is_consistent(self, is_open: np.ndarray) -> bool:
         """Whether only ids of `is_open` ([max_seqs] bool) have segments (a new one gets its
-        segment with its first cell), each within its room, disjoint, below the top, and
-        top = held + garbage (for checks)."""
-        off, cap, n = self.seg
+        segment with its first cell), each within its room, disjoint, below the top, every
+        NEW count zero, and top = held + garbage (for checks)."""
+        off, cap, n, new = self.seg
         top, garbage = self.meta
         held = cap > 0
         order = np.argsort(off[held])
         starts, ends = off[held][order], (off + cap)[held][order]
         return bool(
             not cap[~is_open].any()
+            and not new.any()
             and (n <= cap).all()
             and (starts[1:] >= ends[:-1]).all()
             and (ends <= top).all()
@@ -109,18 +114,18 @@ def append(arena, seg, seq, cell):
 
 
 @numba.njit(cache=True)
-def _reserve(arena, seg, meta, seq_ids, scratch):
+def reserve_room(arena, seg, meta, seq_ids):
     """Moves each segment too small for its new cells to the arena's top, doubled.
 
     Returns 0 when every sequence in seq_ids has room, else the arena words still missing
     (the caller compacts and calls again; moves already made are kept).
     """
     for s in seq_ids:
-        scratch[s] += 1
+        seg[NEW, s] += 1
     short = 0
     for s in seq_ids:
-        k = scratch[s]  # the new cells of s; 0 once s is handled
-        scratch[s] = 0
+        k = seg[NEW, s]  # the new cells of s; 0 once s is handled
+        seg[NEW, s] = 0
         off, n = seg[OFF, s], seg[LEN, s]
         if n + k <= seg[CAP, s]:
             continue

@@ -17,9 +17,11 @@ import numbakv.cache.device  # noqa: F401, I001  (sets numba's simulator flag be
 import numba
 import numpy as np
 
-ONE = np.uint64(1)
+# LLVM's ctlz and cttz, the intrinsics numba's own math.gcd is built on
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
+
+ZERO, ONE = np.uint64(0), np.uint64(1)
 ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-_HALVINGS = tuple(np.uint64(1 << k) for k in range(5, -1, -1))  # 32, 16, ..., 1
 
 
 def new_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -61,42 +63,53 @@ def is_consistent(bits: np.ndarray, offs: np.ndarray) -> bool:
 @numba.njit(cache=True)
 def tree_set(bits, offs, i):
     """Sets bit i, and the summary bits above it that were clear."""
-    for level in range(len(offs) - 1):
-        k = offs[level] + (i >> 6)
-        word = bits[k]
-        bits[k] = word | (ONE << np.uint64(i & 63))
-        if word != 0:
-            return
-        i >>= 6
+    tree_set_word(bits, offs, i >> 6, ONE << np.uint64(i & 63))
 
 
 @numba.njit(cache=True)
 def tree_clear(bits, offs, i):
     """Clears bit i, and the summary bits above it whose word became zero."""
+    tree_clear_word(bits, offs, i >> 6, ONE << np.uint64(i & 63))
+
+
+@numba.njit(cache=True)
+def tree_set_word(bits, offs, w, mask):
+    """Sets the bits `mask` (non-zero) of level-0 word w, and the summary bits above that
+    were clear: many bits of one word for the cost of one."""
     for level in range(len(offs) - 1):
-        k = offs[level] + (i >> 6)
-        word = bits[k] & ~(ONE << np.uint64(i & 63))
+        k = offs[level] + w
+        word = bits[k]
+        bits[k] = word | mask
+        if word != 0:
+            return
+        mask = ONE << np.uint64(w & 63)
+        w >>= 6
+
+
+@numba.njit(cache=True)
+def tree_clear_word(bits, offs, w, mask):
+    """Clears the bits `mask` of level-0 word w, and the summary bits above whose word
+    became zero."""
+    for level in range(len(offs) - 1):
+        k = offs[level] + w
+        word = bits[k] & ~mask
         bits[k] = word
         if word != 0:
             return
-        i >>= 6
+        mask = ONE << np.uint64(w & 63)
+        w >>= 6
 
 
 @numba.njit(cache=True)
 def highest_bit(word):
-    """Index of the highest set bit of a non-zero uint64 word: six halvings."""
-    i = np.int64(0)
-    for shift in _HALVINGS:
-        if word >> shift:
-            word >>= shift
-            i += np.int64(shift)
-    return i
+    """Index of the highest set bit of a non-zero uint64 word (one instruction: ctlz)."""
+    return np.int64(63) - np.int64(leading_zeros(word))
 
 
 @numba.njit(cache=True)
 def lowest_bit(word):
-    """Index of the lowest set bit of a non-zero uint64 word: the highest of word & -word."""
-    return highest_bit(word & (~word + ONE))
+    """Index of the lowest set bit of a non-zero uint64 word (one instruction: cttz)."""
+    return np.int64(trailing_zeros(word))
 
 
 @numba.njit(cache=True)
@@ -147,10 +160,17 @@ def tree_prev(bits, offs, i):
 
 @numba.njit(cache=True)
 def lowest_set_bits(bits, offs, n):
-    """[n] int32: the n lowest set bits, ascending, whole level-0 words at a time.
-
-    The caller knows at least n bits are set."""
+    """[n] int32: the n lowest set bits, ascending. The caller knows at least n bits are set."""
     found = np.empty(n, dtype=np.int32)
+    lowest_set_bits_into(bits, offs, found)
+    return found
+
+
+@numba.njit(cache=True)
+def lowest_set_bits_into(bits, offs, found):
+    """Writes the len(found) lowest set bits into `found` ([n] int32), ascending, whole
+    level-0 words at a time. The caller knows at least n bits are set."""
+    n = len(found)
     k = 0
     i = tree_next(bits, offs, 0) if n > 0 else -1
     while i >= 0:
@@ -163,4 +183,3 @@ def lowest_set_bits(bits, offs, n):
         if k == n:
             break
         i = tree_next(bits, offs, (w + 1) << 6)
-    return found

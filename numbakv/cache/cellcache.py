@@ -5,11 +5,16 @@ on the device, and numba.cuda kernels for placement, the table mirror, masks and
 import numpy as np
 
 from numbakv.cache import inputs
-from numbakv.cache._cuda import cuda
+from numbakv.cache._cuda import cuda, device_address
+from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.buffers import StepBuffers
+from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
+from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, READ_LEN, SCALARS, SEQ_IDS, WIDTH
+from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
 from numbakv.cache.step import Step
+from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
 from numbakv.checks import (
     check_declaration,
@@ -21,13 +26,13 @@ from numbakv.checks import (
     check_width,
     default_scale,  # noqa: F401  (numbakv.cache.default_scale, public since 0.1)
 )
-from numbakv.config import CacheConfig
+from numbakv.config import CacheConfig, as_int
 from numbakv.errors import AllocationError, ConfigError, StepError
 from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
 
 
-class CellCache(Observable):
+class CellCache(Observable, Inspection):
     """Several sequences sharing one pool of per-token cells, K/V on the device.
 
     The same API, placement and errors as `numbakv.reference.CellCache`, which is written
@@ -38,6 +43,10 @@ class CellCache(Observable):
     every verb that succeeded. Every verb that changes the table (all but `seq_new` and
     `declare_step`) drops a pending declaration. Thread-safe: every verb, step call, write,
     attend and state query holds one reentrant lock (`lock`, the seed's recursive mutex).
+
+    On the device a step is one upload and one launch to prepare, then per layer one
+    scatter and one or two attention launches, all on the step's stream (`prepare_step`);
+    with device inputs and `out=` nothing in a step allocates, copies or synchronizes.
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
@@ -53,6 +62,7 @@ class CellCache(Observable):
         try:
             self._table = HostTable(config)
             self._buffers = StepBuffers(config)
+            self._streams = Streams()
         except ALLOCATION_ERRORS as error:
             sizes = config.device_bytes()
             fixed = sizes["total"] - sizes["pool"]
@@ -61,10 +71,11 @@ class CellCache(Observable):
                 "CacheConfig.device_bytes()); lower capacity or max_seqs, or max_seq_len"
             ) from error
         self._pool = DevicePool(config, allocator)
-        self._workspaces: dict[int, tuple] = {}  # n_heads -> decode split scratch, reused
+        self._plans = Plans(config, self._pool.kind)
         self._declared: np.ndarray | None = None
         self._step: Step | None = None
-        self._written: set[int] = set()
+        self._written: set[int] = set()  # layers written in this step
+        self._masked = False  # whether this step has written its masks
 
     # -- table verbs: the host table decides, a kernel updates the mirror ------
 
@@ -78,9 +89,9 @@ class CellCache(Observable):
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
         src = self._table.check_live(src)
         seq, cells = self._table.seq_clone(src, upto)
-        b = self._buffers
-        verbs.launch_add_owner(_to_device(cells), len(cells), seq, b.cell_owners)
-        seq_cells.launch_copy_prefix(b.seq_cells, b.seq_len, src, seq, len(cells))
+        b, stream = self._buffers, self._streams.current
+        verbs.launch_add_owner(_to_device(cells, stream), len(cells), seq, b.cell_owners, stream)
+        seq_cells.launch_copy_prefix(b.seq_cells, b.seq_len, src, seq, len(cells), stream)
         return self._table_changed("seq_clone", seq)
 
     @locked
@@ -101,16 +112,19 @@ class CellCache(Observable):
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
-        verbs.launch_clear_table(self._buffers.cell_pos, self._buffers.cell_owners)
-        seq_cells.launch_clear_lengths(self._buffers.seq_len)
+        b, stream = self._buffers, self._streams.current
+        verbs.launch_clear_table(b.cell_pos, b.cell_owners, stream)
+        seq_cells.launch_clear_lengths(b.seq_len, stream)
         self._table_changed("clear")
 
     def _drop(self, seq: int, cells: np.ndarray, length: int) -> None:
         """Mirrors a seq_rm or rewind: `seq` leaves `cells`, and holds `length` positions."""
-        b = self._buffers
+        b, stream = self._buffers, self._streams.current
         if len(cells):
-            verbs.launch_drop_owner(_to_device(cells), len(cells), seq, b.cell_pos, b.cell_owners)
-        seq_cells.launch_set_length(b.seq_len, seq, length)
+            verbs.launch_drop_owner(
+                _to_device(cells, stream), len(cells), seq, b.cell_pos, b.cell_owners, stream
+            )
+        seq_cells.launch_set_length(b.seq_len, seq, length, stream)
 
     # -- the step (SPEC §3) ----------------------------------------------------
 
@@ -122,63 +136,101 @@ class CellCache(Observable):
         self._notify("declare_step")
 
     @locked
-    def prepare_step(self, width: int | None = None) -> Step:
-        """Grows the pool, places the declared tokens and writes the step buffers and masks.
+    def prepare_step(self, width: int | None = None, *, stream=None) -> Step:
+        """Grows the pool, places the declared tokens and uploads the step buffer.
 
-        width : rows of the step, default the declared count; a larger width pads
-                (cell, position and sequence -1, an all-zero mask row)
+        width  : rows of the step, default the declared count; a larger width pads
+                 (cell, position and sequence -1, an all-zero mask row)
+        stream : the step's stream: a numba stream, an object with `__cuda_stream__`
+                 (torch.cuda.Stream, cupy.cuda.Stream) or a raw handle; default a stream
+                 the cache owns. Every device operation of the step runs on it (the upload,
+                 the preparation launch, each layer's write and attend) and the cache's
+                 later verbs too; a new stream first waits for the work queued on the last.
 
-        In order: check the declaration again (a verb may have run since) and the width;
-        find the cells (pure); grow the pool to min(capacity, read_len + n), the furthest
-        lowest-free placement can reach, so that a refused allocation leaves the table
-        untouched; claim the cells; upload the step's [width] arrays and read_len; kernels
-        update the mirror and write the masks. A refused call keeps the declaration.
+        In order: check the width; grow the pool to min(capacity, read_len + n), the
+        furthest lowest-free placement can reach, so that a refused allocation leaves the
+        table untouched; place the tokens into a pinned staging slot; one asynchronous copy
+        of the step buffer; one launch that writes the tokens into the table mirror and
+        seq_cells. Masks are written later, once, by the first masked `attend` or
+        `Step.mask` of the step. A refused call keeps the declaration.
         """
         if self._declared is None:
             raise StepError(
                 "prepare_step() with nothing declared; call declare_step(seq_ids) first"
             )
-        seq_ids = check_declaration(self._table, self.config, self._declared)
+        seq_ids = self._declared  # checked by declare_step; any verb since dropped it
         n = len(seq_ids)
         width = check_width(width, n, self.config.max_width)
+        previous = self._streams.current
+        stream = self._streams.use(stream)
         table = self._table
-        cells = table.find_cells(n)
-        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
-        positions = table.claim(cells, seq_ids)
-        cells, positions, seq_ids = (_pad(a, width) for a in (cells, positions, seq_ids))
+        try:
+            required = min(self.config.capacity, table.read_len + n)
+            self._pool.grow_to(required, table.read_len, stream)
+        except AllocationError:
+            self._streams.use(previous)
+            raise
+        b = self._buffers
+        staged = b.stage()
+        table.place(seq_ids, staged[CELLS, :n], staged[POSITIONS, :n])
+        staged[SEQ_IDS, :n] = seq_ids
+        if width > n:
+            staged[:SCALARS, n:width] = -1
         read_len = table.read_len
-        self._write_step(cells, positions, seq_ids, read_len)
+        staged[SCALARS, WIDTH] = width
+        staged[SCALARS, READ_LEN] = read_len
+        b.upload(stream)
+        placement.launch_prepare_tokens(
+            b.step, width, b.cell_pos, b.cell_owners, b.seq_cells, b.seq_len, stream
+        )
         self._declared = None
         self._expire_step()
-        self._step = Step(cells, positions, seq_ids, read_len, self._buffers)
+        self._step = Step(staged, width, n, read_len, b, stream, self._read_mask)
         return self._notify("prepare_step", self._step, self._step)
 
-    def _write_step(self, cells, positions, seq_ids, read_len: int) -> None:
-        b = self._buffers
-        width = len(cells)
-        b.upload(cells, positions, seq_ids, read_len)
-        placement.launch_place_tokens(
-            b.cells, b.positions, b.seq_ids, width, b.cell_pos, b.cell_owners
-        )
-        seq_cells.launch_record_tokens(
-            b.cells, b.positions, b.seq_ids, width, b.seq_cells, b.seq_len
-        )
-        for window, mask in b.masks.items():
-            masks.launch_write_mask(
-                mask, b.cell_pos, b.cell_owners, b.seq_ids, b.positions, width, read_len, window
-            )
+    @locked
+    def reserve(self, n_heads: int) -> None:
+        """Makes now what attention with `n_heads` query heads (a positive multiple of
+        n_kv_heads) allocates once: the decode kernels' split workspace, on the stream in
+        use. Otherwise the first decode-shaped `attend` with them makes it; reserve first
+        when no step may allocate (a step to be captured)."""
+        n_heads = as_int("n_heads", n_heads, StepError)
+        check_query((1, n_heads, self.config.head_dim), 1, self.config)
+        self._plans.workspace(n_heads, self._streams.current)
+
+    @locked
+    def _read_mask(self, window: int) -> np.ndarray:
+        """The current step's [width, read_len] mask of `window`, a host copy (the masks are
+        written first if the step has not yet)."""
+        self._write_masks()
+        step = self._current_step()
+        (rows,) = self._to_host(self._buffers.masks[window][: step.width])
+        return rows[:, : step.read_len]
+
+    @locked
+    def _write_masks(self) -> None:
+        """Writes every window's mask for the current step (one launch) unless it did."""
+        if not self._masked:
+            b, step = self._buffers, self._current_step()
+            masks.launch_write_masks(
+                b.mask_stack, b.windows, b.cell_pos, b.cell_owners, b.step, step.width,
+                step.stream,
+            )  # fmt: skip
+            self._masked = True
 
     # -- K/V -------------------------------------------------------------------
 
     @locked
     def write(self, layer: int, k, v) -> None:
         """Writes the step's K and V rows into their cells of `layer`, rounded to the storage
-        dtype (to nearest even).
+        dtype (to nearest even), on the step's stream.
 
         k, v : [width, n_kv_heads, head_dim]: host arrays of any real float dtype (rounded to
                float32 unless both are float32 or both float16), or C-contiguous device
-               arrays of float32 or float16, one dtype for both. Both are checked before
-               either is written. Padded rows are skipped.
+               arrays (anything with `__cuda_array_interface__`, read in place on the step's
+               stream: the caller orders their producer before it) of float32 or float16,
+               one dtype for both. Both are checked before either is written. Padded rows
+               are skipped.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
@@ -186,17 +238,18 @@ class CellCache(Observable):
         k, v = (inputs.floats(name, x, inputs.KV_DTYPES) for name, x in (("k", k), ("v", v)))
         check_shape("k", k.shape, shape)
         check_shape("v", v.shape, shape)
-        k, v = inputs.on_device([k, v], inputs.KV_DTYPES)
-        b = self._buffers
+        k, v = inputs.on_device([k, v], inputs.KV_DTYPES, step.stream)
+        pool = self._pool
         placement.launch_scatter_kv(
-            k, v, self._pool.k[layer], self._pool.v[layer], b.cells, step.width
+            k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream
         )
         self._written.add(layer)
 
     @locked
-    def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered"):
+    def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered", *,
+               out=None):  # fmt: skip
         """[width, n_heads, head_dim] float32 device array: each token's attention over the
-        cells it sees, computed on the device.
+        cells it sees, computed on the device on the step's stream.
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads (query head h
                 reads KV head h // (n_heads // n_kv_heads)): a host array of any real float
@@ -204,9 +257,15 @@ class CellCache(Observable):
         scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
                 proportion to what it sees; "masked" sweeps [0, read_len) under the window's
-                mask (the seed design). Both equal the reference's attend.
+                mask (the seed design), written by the step's first masked attend. Both
+                equal the reference's attend.
+        out   : a C-contiguous float32 device array [width, n_heads, head_dim] to write
+                into and return; default a new one (allocated on the step's stream). Either
+                way it exposes `__cuda_array_interface__` with the step's stream, so
+                `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
         Rows that see no cell (padding) give 0; NaN and inf in what a token sees give what
-        the reference gives. Requires `write(layer, ...)` in this step.
+        the reference gives. Requires `write(layer, ...)` in this step. The launches are
+        planned once per (width, n_heads, window, mode) and read the step from the device.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
@@ -216,33 +275,24 @@ class CellCache(Observable):
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
         q = inputs.floats("q", q, inputs.Q_DTYPES)
-        check_query(q.shape, step.width, self.config)
+        n_heads = check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
-        (q,) = inputs.on_device([q], inputs.Q_DTYPES)
-        out = cuda.device_array(q.shape, np.float32)
-        k, v, b = self._pool.k[layer], self._pool.v[layer], self._buffers
+        out = inputs.output(out, q.shape, step.stream)
+        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream)
         window = self.config.windows[layer]
-        workspace = self._workspace(q.shape[1])
+        plan = self._plans.plan(mode, step.width, n_heads, window)
+        b = self._buffers
         if mode == "masked":
-            attention.launch_attend_masked(
-                q, k, v, b.masks[window], step.width, step.read_len, scale, out,
-                workspace=workspace,
-            )  # fmt: skip
+            self._write_masks()
+            view = (b.masks[window],)
         else:
-            longest = int(step.positions.max()) + 1  # the longest range a token reads
-            attention.launch_attend_gathered(
-                q, k, v, b.seq_cells, b.seq_ids, b.positions, step.width, window, scale, out,
-                workspace=workspace, max_len=min(longest, window) if window else longest,
-            )  # fmt: skip
+            view = (b.seq_cells, np.int32(window))
+        workspace = self._plans.workspace(n_heads, step.stream) if plan.is_decode else None
+        attention.run_attention(
+            plan, q, self._pool.k[layer], self._pool.v[layer], b.step, view, np.float32(scale),
+            out, workspace, step.stream,
+        )  # fmt: skip
         return out
-
-    def _workspace(self, n_heads: int) -> tuple:
-        """The decode kernels' split scratch for `n_heads` query heads, made once."""
-        if n_heads not in self._workspaces:
-            self._workspaces[n_heads] = attention.split_workspace(
-                self.config.max_width, n_heads, self.config.head_dim
-            )
-        return self._workspaces[n_heads]
 
     def _current_step(self) -> Step:
         if self._step is None:
@@ -261,6 +311,7 @@ class CellCache(Observable):
             self._step.expire()
         self._step = None
         self._written = set()
+        self._masked = False
 
     # -- state -----------------------------------------------------------------
 
@@ -316,66 +367,42 @@ class CellCache(Observable):
 
     @property
     def buffers(self) -> StepBuffers:
-        """The fixed device buffers (step arrays, masks, table mirror); they never move."""
+        """The fixed device buffers (step buffer, masks, table mirror); they never move."""
         return self._buffers
+
+    @property
+    def stream(self):
+        """The numba stream in use: the last step's, or the cache's own before any step."""
+        return self._streams.current
+
+    @locked
+    def bindings(self) -> Bindings:
+        """What a recorded launch or captured step depends on: the pool's generation and the
+        device addresses of the K/V arrays, the fixed buffers and the decode workspaces
+        (SPEC §4)."""
+        pool = self._pool
+        arrays = [a for pair in zip(pool.k, pool.v, strict=True) for a in pair]
+        return Bindings(
+            generation=pool.generation,
+            rows=pool.rows,
+            pool=tuple(0 if a is None else device_address(a) for a in arrays),
+            fixed=tuple((name, device_address(a)) for name, a in self._buffers.all().items()),
+            workspaces=tuple(
+                (n_heads, device_address(ws[0])) for n_heads, ws in self._plans.workspaces()
+            ),
+        )
+
+    @locked
+    def check_bindings(self, bindings: Bindings) -> None:
+        """Raises BindingError naming what moved since `bindings` were taken (the pool grew:
+        re-record the step), or when they are another cache's; else returns None."""
+        check_bindings(bindings, self.bindings())
 
     @locked
     def snapshot(self) -> Snapshot:
         """A host copy of the cell table, cells [0, read_len)."""
         return self._table.snapshot(self._pool.rows)
 
-    @locked
-    def check_invariants(self) -> None:
-        """Raises AssertionError unless the host table keeps SPEC §2's invariants and the
-        device mirror (cell_pos, cell_owners, each live sequence's seq_cells row) equals it.
-        Copies capacity-sized arrays back: for tests and debugging."""
-        self._table.check_invariants()
-        snap = self.snapshot()
-        cell_pos, cell_owners = self.mirror()
-        rows, lengths = self.seq_table()
-        mirrored = (
-            np.array_equal(cell_pos[: snap.read_len], snap.pos)
-            and not (cell_pos[snap.read_len :] >= 0).any()
-            and np.array_equal(cell_owners[: snap.read_len], snap.owners)
-            and not cell_owners[snap.read_len :].any()
-        )
-        if not mirrored:
-            raise AssertionError("device mirror invariant broken: cell_pos/cell_owners differ")
-        for seq in range(self.config.max_seqs):
-            cells = self._table.cells_of(seq)
-            if lengths[seq] != len(cells) or not np.array_equal(rows[seq, : len(cells)], cells):
-                raise AssertionError(f"device mirror invariant broken: seq_cells of {seq}")
 
-    @locked
-    def mirror(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
-        [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
-        return self._buffers.cell_pos.copy_to_host(), self._buffers.cell_owners.copy_to_host()
-
-    @locked
-    def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
-        (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
-        return self._buffers.seq_cells.copy_to_host(), self._buffers.seq_len.copy_to_host()
-
-    @locked
-    def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim] of the storage
-        dtype (uint16 bit patterns for bfloat16)."""
-        layer = check_layer(layer, self.config.n_layers)
-        if self._pool.rows == 0:
-            shape = (0, self.config.n_kv_heads, self.config.head_dim)
-            empty = np.zeros(shape, self.config.storage_dtype)
-            return empty, empty.copy()
-        return self._pool.k[layer].copy_to_host(), self._pool.v[layer].copy_to_host()
-
-
-def _pad(array: np.ndarray, width: int) -> np.ndarray:
-    """[width] int32: `array` followed by -1."""
-    padded = np.full(width, -1, dtype=np.int32)
-    padded[: len(array)] = array
-    return padded
-
-
-def _to_device(array: np.ndarray):
-    return cuda.to_device(np.ascontiguousarray(array, dtype=np.int32))
+def _to_device(array: np.ndarray, stream):
+    return cuda.to_device(np.ascontiguousarray(array, dtype=np.int32), stream=stream)

@@ -1,10 +1,11 @@
 """What `write` and `attend` of the device cache take: any real float array on the host, or a
-device array (anything with `__cuda_array_interface__`) of a dtype the kernels read."""
+device array (anything with `__cuda_array_interface__`) of a dtype the kernels read, taken
+in place without a synchronization; and the `out=` array `attend` writes into."""
 
 import numpy as np
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
-from numbakv.checks import host_floats
+from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
 
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what the scatter kernels read
@@ -46,18 +47,18 @@ def _numba_view(name: str, x):
             f"{name}: {type(x).__name__} is a foreign device array, which the CUDA simulator "
             "cannot read; pass a NumPy array or a numba device array (cuda.to_device)"
         )
-    try:
-        return cuda.as_cuda_array(x)
+    try:  # sync=False: numba would wait for the exporter's stream; the caller orders its work
+        return cuda.as_cuda_array(x, sync=False)
     except Exception as error:
         raise StepError(
             f"{name}: cannot read {type(x).__name__}'s __cuda_array_interface__ ({error!r})"
         ) from error
 
 
-def on_device(xs: list, dtypes: tuple[np.dtype, ...]) -> list:
+def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream) -> list:
     """The checked arrays `xs` (from `floats`) on the device, in one dtype: that of the device
     arrays among them, else the host arrays' shared dtype when it is one of `dtypes`, else
-    float32 (host arrays are converted to it)."""
+    float32 (host arrays are converted to it and copied on `stream`)."""
     on_gpu = {np.dtype(x.dtype) for x in xs if not isinstance(x, np.ndarray)}
     if len(on_gpu) > 1:
         raise StepError(
@@ -71,6 +72,23 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...]) -> list:
     else:
         common = np.dtype(np.float32)
     return [
-        cuda.to_device(np.ascontiguousarray(x, dtype=common)) if isinstance(x, np.ndarray) else x
+        cuda.to_device(np.ascontiguousarray(x, dtype=common), stream=stream)
+        if isinstance(x, np.ndarray)
+        else x
         for x in xs
     ]
+
+
+def output(out, shape: tuple[int, ...], stream):
+    """The float32 device array `attend` writes: `out` checked (a C-contiguous float32
+    device array of `shape`), or a new one allocated on `stream`."""
+    if out is None:
+        return cuda.device_array(shape, np.float32, stream=stream)
+    if not is_device_array(out):
+        raise StepError(
+            f"out is a {type(out).__name__}; give a float32 device array of shape {shape} "
+            "(cuda.device_array) or None"
+        )
+    out = floats("out", out, Q_DTYPES)
+    check_shape("out", out.shape, shape)
+    return out

@@ -5,6 +5,7 @@ from collections.abc import Callable
 import numpy as np
 
 from numbakv.cache._cuda import DRIVER_ERRORS, cuda
+from numbakv.cache.kernels import storage
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError
 
@@ -35,14 +36,15 @@ class DevicePool:
         self.rows = 0
         self.generation = 0
         self.growth_count = 0
+        self.kind = storage.kind(config.storage_dtype)  # which kernels read it
 
     @property
     def allocated_bytes(self) -> int:
         """Bytes of K and V storage over all layers."""
         return self.rows * self.config.n_layers * self.config.row_bytes
 
-    def grow_to(self, required: int, read_len: int) -> None:
-        """Makes rows >= required, keeping rows [0, read_len) bit-exact.
+    def grow_to(self, required: int, read_len: int, stream=None) -> None:
+        """Makes rows >= required, keeping rows [0, read_len) bit-exact (copied on `stream`).
 
         Rows grow to max(initial_cells, required) the first time, later to
         min(capacity, max(required, 2 * rows)). Every new array is allocated before any row
@@ -66,8 +68,12 @@ class DevicePool:
                 f"grow from {self.rows}; free sequences or lower capacity, then retry the step"
             ) from error
         if self.rows and read_len:
+            stream = cuda.default_stream() if stream is None else stream
             for new, old in zip(fresh, self.k + self.v, strict=True):
-                new[:read_len].copy_to_device(old[:read_len])
+                new[:read_len].copy_to_device(old[:read_len], stream=stream)
+            # the old arrays go once the copies have read them (an allocator's memory may be
+            # reused at once on another stream); growth is rare, so waiting costs little
+            stream.synchronize()
         n = self.config.n_layers
         self.k, self.v = fresh[:n], fresh[n:]
         if self.rows:

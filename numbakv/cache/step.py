@@ -1,14 +1,17 @@
 """`Step`: one prepared forward of the device cache (SPEC §3), and the handle to its buffers."""
 
+from collections.abc import Callable
+
 import numpy as np
 
 from numbakv.cache.buffers import StepBuffers
+from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SEQ_IDS
 from numbakv.checks import check_window
 from numbakv.errors import StepError
 
 
 class Step:
-    """One prepared forward: host copies of what was uploaded, and the device buffers.
+    """One prepared forward: host copies of what was uploaded, the device buffers, the stream.
 
     cells     : [width] int32, cell of each token, -1 for padding rows
     positions : [width] int32, position of each token in its sequence, -1 for padding
@@ -18,16 +21,19 @@ class Step:
     read_len  : the extent masked attention sweeps, cells [0, read_len)
     windows   : the distinct windows with a mask
     buffers   : the fixed device buffers the kernels read
+    stream    : the numba stream every device operation of the step runs on
 
     Valid until the cache's next verb other than `seq_new`; after that every accessor
     raises StepError (`is_stale` tells without raising).
     """
 
-    def __init__(self, cells, positions, seq_ids, read_len: int, buffers: StepBuffers):
-        self._cells, self._positions, self._seq_ids = cells, positions, seq_ids
+    def __init__(self, staged: np.ndarray, width: int, n_tokens: int, read_len: int,
+                 buffers: StepBuffers, stream, read_mask: Callable[[int], np.ndarray]):  # fmt: skip
+        # staged: the pinned [4, columns] slot this step was uploaded from; the cache reuses
+        # it two steps later, when this step is long stale
+        self._staged, self._width, self._n_tokens = staged, width, n_tokens
         self._read_len = read_len
-        self._buffers = buffers
-        self._n_tokens = int(np.count_nonzero(seq_ids >= 0))
+        self._buffers, self._stream, self._read_mask = buffers, stream, read_mask
         self._is_stale = False
 
     @property
@@ -41,19 +47,19 @@ class Step:
 
     @property
     def cells(self) -> np.ndarray:
-        return self._valid()._cells.copy()
+        return self._row(CELLS)
 
     @property
     def positions(self) -> np.ndarray:
-        return self._valid()._positions.copy()
+        return self._row(POSITIONS)
 
     @property
     def seq_ids(self) -> np.ndarray:
-        return self._valid()._seq_ids.copy()
+        return self._row(SEQ_IDS)
 
     @property
     def width(self) -> int:
-        return len(self._valid()._cells)
+        return self._valid()._width
 
     @property
     def read_len(self) -> int:
@@ -71,10 +77,17 @@ class Step:
     def buffers(self) -> StepBuffers:
         return self._valid()._buffers
 
+    @property
+    def stream(self):
+        return self._valid()._stream
+
     def mask(self, window: int) -> np.ndarray:
-        """[width, read_len] uint8, copied back from the device: the mask of `window`."""
-        mask = self._valid()._buffers.masks[check_window(window, self.windows)]
-        return mask[: len(self._cells)].copy_to_host()[:, : self._read_len]
+        """[width, read_len] uint8, copied back from the device: the mask of `window` (the
+        step's masks are written first, once, if nothing in the step has yet)."""
+        return self._read_mask(check_window(window, self.windows))
+
+    def _row(self, row: int) -> np.ndarray:
+        return self._valid()._staged[row, : self._width].copy()
 
     def _valid(self) -> "Step":
         if self._is_stale:

@@ -18,7 +18,8 @@ Beside it, the indexes that make each verb cost the cells it touches, never capa
 
 Placement is SPEC §2's: tokens in declaration order take the lowest free cells. Every cell
 at or past `read_len` is free, so "the lowest free cells" are the holes below `read_len`
-first, then `read_len`, `read_len + 1`, ...: one search in the free tree gives both.
+first, then `read_len`, `read_len + 1`, ...: one search in the free tree gives both. The
+njit kernels of placement are in `place` (a step costs one numba dispatch there).
 
 Example (a prefill step, a decode step, a removal, a decode step):
 
@@ -33,7 +34,7 @@ import numbakv.cache.device  # noqa: F401, I001  (sets numba's simulator flag be
 import numba
 import numpy as np
 
-from numbakv.cache import arena
+from numbakv.cache import arena, place
 from numbakv.cache.arena import Segments
 from numbakv.cache.bittree import (
     ONE,
@@ -47,22 +48,22 @@ from numbakv.cache.bittree import (
     tree_prev,
     tree_set,
 )
+from numbakv.cache.place import ARENA, FREE, OCC, READ_LEN, USED
 from numbakv.checks import check_live, check_position
 from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError
 from numbakv.snapshot import Snapshot
 
-FREE, OCC = 0, 1  # rows of `trees`: 1 = free, 1 = occupied
-READ_LEN, USED = 0, 1  # slots of `meta`, which the njit functions update in place
-
 
 class HostTable:
     """Which cell holds which position of which sequences, with O(cells touched) verbs.
 
-    The device cache calls, per step, `check_live` for each declared id, `free_cells`,
-    `find_cells` (pure) and, once the pool has grown, `claim`; and the verbs `seq_new`,
-    `seq_clone`, `seq_rm`, `rewind`, `clear`, which return the cells they touched so that
-    the device mirror can follow. Every refused call raises before it changes anything.
+    Per step, `check_declaration` asks `admits` of the declared ids (one njit pass), and
+    the device cache, once the pool has grown to read_len + n rows, calls `place` (one njit
+    call: find, then claim). `find_cells` (pure) and `claim` are the same two halves apart.
+    The verbs `seq_new`, `seq_clone`, `seq_rm`, `rewind`, `clear` return the cells they
+    touched so that the device mirror can follow. Every refused call raises before it
+    changes anything.
     """
 
     def __init__(self, config: CacheConfig):
@@ -75,9 +76,10 @@ class HostTable:
         bits, self._offs = new_tree(capacity)
         self._trees = np.stack([bits, bits])
         self._id_bits, self._id_offs = new_tree(max_seqs)  # 1 = free id
-        self._segments = Segments(max_seqs)
-        self._scratch = np.zeros(max_seqs, dtype=np.int64)  # all zero between calls
-        self._meta = np.zeros(2, dtype=np.int64)
+        self._meta = np.zeros(4, dtype=np.int64)  # READ_LEN, USED, the arena's TOP, GARBAGE
+        self._segments = Segments(max_seqs, self._meta[ARENA:])
+        # what the njit verbs take, in their order (the arrays are filled, never replaced)
+        self._arrays = self._pos, self._owners, self._n_owners, self._trees, self._offs, self._meta
         self.clear()
 
     # -- state -----------------------------------------------------------------
@@ -105,6 +107,13 @@ class HostTable:
     def check_live(self, seq) -> int:
         """`seq` as an int; SequenceError when it is not an integer or not a live id."""
         return check_live(seq, self._live)
+
+    def admits(self, seq_ids: np.ndarray, max_seq_len: int = 0) -> bool:
+        """Whether every id of `seq_ids` ([n] integers, any dtype) is a live id and, for
+        max_seq_len > 0, no sequence would pass max_seq_len positions with one more token
+        per entry; one njit pass (`check_declaration`'s, before it checks id by id or counts
+        with NumPy to name what is wrong)."""
+        return _admits(seq_ids, self._live, self._segments.seg[arena.LEN], max_seq_len)
 
     def length(self, seq: int) -> int:
         """pos(seq): positions `seq` holds (0 for a free id). `seq` is not checked."""
@@ -209,11 +218,36 @@ class HostTable:
         cell cells[i]: its position and owner bit, appended to s's cells.
         """
         seq_ids = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        positions = np.empty(len(seq_ids), dtype=np.int32)
         segments = self._segments
-        positions = _positions_of(seq_ids, segments.seg[arena.LEN], self._scratch)
         segments.reserve(seq_ids)
-        _claim(cells, positions, seq_ids, *self._tables(), segments.arena, segments.seg)
+        place.claim(cells, positions, seq_ids, *self._arrays, segments.arena, segments.seg)
         return positions
+
+    def place(self, seq_ids: np.ndarray, cells: np.ndarray, positions: np.ndarray) -> None:
+        """`find_cells` then `claim` in one njit call: a step's whole placement on the host.
+
+        seq_ids   : [n] int32, C-contiguous live ids (checked by the caller)
+        cells     : [n] int32, written: token t's cell, the n lowest free cells ascending
+        positions : [n] int32, written: token t's position
+
+        CapacityError (ValueError when an output is not [n]), before anything changes, when
+        n > free_cells. The arena compacts (a Python call, then the kernel again) only when
+        it lacks room for the segments; outputs may be views of a preallocated buffer.
+        """
+        segments = self._segments
+        while True:
+            short = place.place(
+                seq_ids, cells, positions, *self._arrays, segments.arena, segments.seg
+            )
+            if short <= 0:
+                break
+            segments._compact(short)  # a new arena: the kernel runs again with it
+        if short < 0:
+            n = len(seq_ids)
+            if n > self.free_cells:
+                raise CapacityError(f"place() of {n} tokens with only {self.free_cells} free cells")
+            raise ValueError(f"place(): {n} ids, {len(cells)} cells, {len(positions)} positions")
 
     # -- invariants ------------------------------------------------------------
 
@@ -258,9 +292,6 @@ class HostTable:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _tables(self) -> tuple:
-        return self._pos, self._owners, self._n_owners, self._trees, self._offs, self._meta
-
     def _free_id(self) -> int:
         seq = tree_next(self._id_bits, self._id_offs, 0)
         if seq < 0:
@@ -274,7 +305,7 @@ class HostTable:
         tree_clear(self._id_bits, self._id_offs, seq)
 
     def _release(self, cells: np.ndarray, seq: int) -> None:
-        _release(cells, seq, *self._tables())
+        _release(cells, seq, *self._arrays)
 
 
 def _require(condition: bool, what: str) -> None:
@@ -286,35 +317,19 @@ def _require(condition: bool, what: str) -> None:
 
 
 @numba.njit(cache=True)
-def _positions_of(seq_ids, lengths, scratch):
-    """[n] int32 positions; `scratch` ([max_seqs] int64, all zero) counts and is re-zeroed."""
-    positions = np.empty(len(seq_ids), dtype=np.int32)
-    for t in range(len(seq_ids)):
-        s = seq_ids[t]
-        positions[t] = lengths[s] + scratch[s]
-        scratch[s] += 1
-    for t in range(len(seq_ids)):
-        scratch[seq_ids[t]] = 0
-    return positions
-
-
-# not cached (cache=True): numba's cache notices changes to this file only, and _claim and
-# _release call into bittree and arena
-@numba.njit
-def _claim(cells, positions, seq_ids, pos, owners, n_owners, trees, offs, meta, cell_arena, seg):
-    """Writes token t (cell, position, owner) and appends its cell to its sequence's segment."""
-    read_len = meta[READ_LEN]
-    for t in range(len(cells)):
-        c, s = np.int64(cells[t]), seq_ids[t]
-        pos[c] = positions[t]
-        owners[c, s >> 6] |= ONE << np.uint64(s & 63)
-        n_owners[c] += 1
-        tree_clear(trees[FREE], offs, c)
-        tree_set(trees[OCC], offs, c)
-        arena.append(cell_arena, seg, s, c)
-        read_len = max(read_len, c + 1)
-    meta[READ_LEN] = read_len
-    meta[USED] += len(cells)
+def _admits(seq_ids, live, lengths, max_seq_len):
+    """Whether every id is in [0, max_seqs) and live (live: [max_seqs] bool) and, for
+    max_seq_len > 0, lengths[s] + (tokens of s in seq_ids) <= max_seq_len for every s."""
+    for s in seq_ids:
+        if s < 0 or s >= len(live) or not live[s]:
+            return False
+    if max_seq_len > 0:
+        counts = np.zeros(len(lengths), dtype=np.int64)
+        for s in seq_ids:
+            counts[s] += 1
+            if lengths[s] + counts[s] > max_seq_len:
+                return False
+    return True
 
 
 @numba.njit(cache=True)

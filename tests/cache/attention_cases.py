@@ -1,12 +1,14 @@
 """The workload the attention kernel tests share: a reference cache after new sequences,
 prefills, a clone sharing a prefix, a removal whose holes refill and a rewind, with what it
-wrote, and its pool and masks poisoned wherever a kernel must not read."""
+wrote, its pool and masks poisoned wherever a kernel must not read, and its final step as
+a step buffer with live-looking junk past the width."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
 from numbakv.cache._cuda import cuda
+from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, host_step
 from numbakv.reference import CacheConfig, CellCache
 
 from helpers import as_stored
@@ -114,3 +116,15 @@ def poisoned_mask(step, window: int) -> np.ndarray:
     mask = np.ones((MAX_WIDTH, CAPACITY), np.uint8)
     mask[: step.width, : step.read_len] = step.mask(window)
     return mask
+
+
+def step_buffer(step, junk_seq: int, junk_pos: int = 3, columns: int = MAX_WIDTH) -> np.ndarray:
+    """[4, columns] int32: the prepared step's buffer (`host_step`: its width and read_len),
+    and past the width junk that looks live: cell 0, sequence `junk_seq` at `junk_pos`, and
+    a huge width and read_len in the SCALARS row past the two scalars."""
+    buffer = host_step(step.cells, step.positions, step.seq_ids, step.read_len, columns)
+    width = step.width
+    buffer[CELLS, width:], buffer[POSITIONS, width:] = 0, junk_pos
+    buffer[SEQ_IDS, width:] = junk_seq
+    buffer[SCALARS, 2:] = 1 << 20
+    return buffer

@@ -1,12 +1,15 @@
 """Inputs the kernel tests share: sizes that straddle the launch block, poison, float16
-edge values, random owner bitsets, and the reference table as mirror arrays."""
+edge values, random owner bitsets, step buffers with junk past the width, and the
+reference table as mirror arrays."""
 
 import numpy as np
 import pytest
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels.launch import SIM_THREADS, THREADS
-from numbakv.cache.kernels.masks import launch_write_mask
+from numbakv.cache.kernels.masks import launch_write_masks
+from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, host_step
+from numbakv.cache.kernels.step_buffer import SEQ_IDS as SEQ_ID_ROW
 from numbakv.reference import CacheConfig, CellCache
 
 BLOCK = SIM_THREADS if IS_SIMULATOR else THREADS  # threads per block of every launch
@@ -16,6 +19,7 @@ CAPACITY = 3 * BLOCK + 5  # not a multiple of the block
 SEQ_IDS = [0, 63, 64, 127, 199]  # first and last bit of words 0 and 1, and word 3
 N_WORDS = 4  # owner words for 200 sequence ids
 POISON = 0xAB
+SCALAR_JUNK = 1 << 20  # the SCALARS row past WIDTH and READ_LEN: a width no kernel may take
 # the simulator casts float32 -> float16 with NumPy, in kernel threads, where errstate
 # does not reach: 65520 -> inf warns there (and is what a GPU's cvt.rn.f16.f32 gives)
 OVERFLOW_IN_CAST = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
@@ -90,6 +94,22 @@ def step_cells(rng, width: int, rows: int) -> np.ndarray:
     return cells
 
 
+def step_buffer(cells, positions, seq_ids, width: int, read_len: int = 0) -> np.ndarray:
+    """[4, len(cells)] int32 host step buffer of the first `width` tokens of the [columns]
+    arrays, built by `host_step`, with the arrays' own values kept in the columns past the
+    width (live-looking junk a kernel must ignore) and SCALAR_JUNK in the SCALARS row past
+    the two scalars."""
+    columns = len(cells)
+    assert len(positions) == len(seq_ids) == columns >= max(width, 2)
+    step = host_step(cells[:width], positions[:width], seq_ids[:width], read_len, columns)
+    assert step.shape == (4, columns) and (step[:SCALARS, width:] == -1).all()
+    assert step[SCALARS, :2].tolist() == [width, read_len]
+    for row, values in ((CELLS, cells), (POSITIONS, positions), (SEQ_ID_ROW, seq_ids)):
+        step[row, width:] = values[width:]
+    step[SCALARS, 2:] = SCALAR_JUNK
+    return step
+
+
 def ref_config(**overrides) -> CacheConfig:
     fields = dict(
         n_layers=2, n_kv_heads=1, head_dim=1, windows=(0, 3), capacity=CAPACITY,
@@ -124,20 +144,25 @@ def holds(cell_owners: np.ndarray, seq: int) -> np.ndarray:
 
 
 def check_write_mask(cell_pos, cell_owners, seq_ids, positions, width, read_len, window):
-    """Runs launch_write_mask on a poisoned mask; compares the written region and the rest."""
+    """Runs launch_write_masks on a poisoned stack of two masks, `window` and another one
+    (every window is written by one launch); compares each written region and the rest.
+    seq_ids, positions: [columns] int32, junk past the width (the step buffer keeps it).
+    Returns `window`'s mask."""
+    windows = (window, 1 if window != 1 else 0)
     # reference
-    expect = np.full((len(seq_ids), len(cell_pos)), POISON, np.uint8)
-    for t in range(width):
-        row = sees_by_hand(cell_pos, cell_owners, seq_ids[t], positions[t], window)
-        expect[t, :read_len] = row[:read_len]
-    # device
-    mask_d = to_d(np.full(expect.shape, POISON, np.uint8))
-    launch_write_mask(
-        mask_d, to_d(cell_pos), to_d(cell_owners), to_d(seq_ids), to_d(positions),
-        width, read_len, window,
-    )  # fmt: skip
-    got = mask_d.copy_to_host()
-    # compare: the region, then the poison around it
-    np.testing.assert_array_equal(got[:width, :read_len], expect[:width, :read_len])
+    expect = np.full((2, len(seq_ids), len(cell_pos)), POISON, np.uint8)
+    for i, w in enumerate(windows):
+        for t in range(width):
+            row = sees_by_hand(cell_pos, cell_owners, seq_ids[t], positions[t], w)
+            expect[i, t, :read_len] = row[:read_len]
+    # device: the step's cells are junk (write_masks reads none), real cells past the width
+    cells = np.arange(len(seq_ids), dtype=np.int32) % len(cell_pos)
+    step = step_buffer(cells, positions, seq_ids, width, read_len)
+    masks_d = to_d(np.full(expect.shape, POISON, np.uint8))
+    windows_d = to_d(np.array(windows, np.int32))
+    launch_write_masks(masks_d, windows_d, to_d(cell_pos), to_d(cell_owners), to_d(step), width)
+    got = masks_d.copy_to_host()
+    # compare: the regions, then the poison around them
+    np.testing.assert_array_equal(got[:, :width, :read_len], expect[:, :width, :read_len])
     np.testing.assert_array_equal(got, expect)
-    return got
+    return got[0]

@@ -5,9 +5,9 @@ sharing a prefix, a removal whose holes refill, a rewind), writes random K/V thr
 then uploads its pool, its step's masks and a position -> cell table to the device and
 runs the launchers. Everything a kernel must not read is poisoned first: NaN in every pool
 row past read_len and in every free cell, 1s in the mask outside the written region,
-foreign cell ids and -7 in seq_cells past each sequence's length, junk in the step rows past
-the width, and a sentinel in `out` rows past the width. Tests read `# reference`,
-`# device`, `# compare`.
+foreign cell ids and -7 in seq_cells past each sequence's length, live-looking junk in the
+step buffer's columns past the width, and a sentinel in `out` rows past the width. Tests
+read `# reference`, `# device`, `# compare`.
 """
 
 import numpy as np
@@ -21,13 +21,19 @@ from numbakv.cache.kernels.attention import (
     MAX_SPLITS,
     MIN_SPLIT_CELLS,
     PREFILL_TILE,
+    AttentionPlan,
     choose_splits,
+    decode_width_limit,
     is_decode_shape,
     launch_attend_gathered,
     launch_attend_masked,
+    plan_attention,
+    run_attention,
     split_workspace,
+    tiles,
 )
 from numbakv.cache.kernels.attention import launch as attention_launch
+from numbakv.cache.kernels.step_buffer import POSITIONS, SEQ_IDS, host_step
 from numbakv.reference import CellCache, solo_attention
 from numbakv.reference.attention import attend_cells
 
@@ -42,6 +48,7 @@ from attention_cases import (
     build_case,
     poisoned_mask,
     poisoned_pool,
+    step_buffer,
     to_d,
 )
 
@@ -68,23 +75,17 @@ def seq_cells_of(cache: CellCache, rng) -> np.ndarray:
     return table
 
 
-def padded(x: np.ndarray, junk: int) -> np.ndarray:
-    """A [MAX_WIDTH] int32 step buffer: x, then junk (a live-looking id or position)."""
-    out = np.full(MAX_WIDTH, junk, np.int32)
-    out[: len(x)] = x
-    return out
-
-
 def run_masked(case: Case, layer: int, **options) -> np.ndarray:
     """launch_attend_masked on the poisoned buffers; returns out [MAX_WIDTH, n_heads, head_dim]."""
     step = case.step
     k, v = poisoned_pool(case, layer)
     mask = poisoned_mask(step, case.cache.config.windows[layer])
+    step_d = to_d(step_buffer(step, case.cache.live_seqs[0]))
     out_d = to_d(np.full(case.q.shape, SENTINEL, np.float32))
     scale = 1 / np.sqrt(case.q.shape[2])
     launch_attend_masked(
-        to_d(case.q), to_d(k), to_d(v), to_d(mask), step.width, step.read_len, scale, out_d,
-        **options,
+        to_d(case.q), to_d(k), to_d(v), to_d(mask), step_d, step.width, step.read_len, scale,
+        out_d, **options,
     )  # fmt: skip
     return out_d.copy_to_host()
 
@@ -94,13 +95,12 @@ def run_gathered(case: Case, layer: int, seed: int = 0, **options) -> np.ndarray
     step = case.step
     k, v = poisoned_pool(case, layer)
     seq_cells = seq_cells_of(case.cache, np.random.default_rng(seed))
-    live = case.cache.live_seqs[0]
-    seq_ids, positions = padded(step.seq_ids, live), padded(step.positions, 3)
+    step_d = to_d(step_buffer(step, case.cache.live_seqs[0]))  # junk past the width
     out_d = to_d(np.full(case.q.shape, SENTINEL, np.float32))
     scale = 1 / np.sqrt(case.q.shape[2])
     launch_attend_gathered(
-        to_d(case.q), to_d(k), to_d(v), to_d(seq_cells), to_d(seq_ids), to_d(positions),
-        step.width, case.cache.config.windows[layer], scale, out_d, **options,
+        to_d(case.q), to_d(k), to_d(v), to_d(seq_cells), step_d, step.width,
+        case.cache.config.windows[layer], scale, out_d, **options,
     )  # fmt: skip
     return out_d.copy_to_host()
 
@@ -222,19 +222,158 @@ def test_decode_splits_merge_to_the_same_result(n_splits):
         check(case, layer, run_gathered(case, layer, kernel="decode", n_splits=n_splits))
 
 
-def test_decode_workspace_is_reused_and_clamps_the_splits():
+def test_decode_workspace_is_reused_and_must_hold_the_splits():
     case = build_case(4, 2, 16, "float32", DECODE_STEP, windows=(0, 2), seed=4)
     workspace = split_workspace(MAX_WIDTH, 4, 16, max_splits=2)
     part_shape = (MAX_WIDTH, 4, 2)  # [max_width, n_heads, max_splits]
     assert [w.shape for w in workspace] == [(*part_shape, 16), part_shape, part_shape]
     for part in workspace:  # garbage: an empty split's partial must never be read
         part.copy_to_device(np.full(part.shape, np.nan, np.float32))
-    for layer in range(2):  # asked for 5 splits, the workspace holds 2
-        got = run_masked(case, layer, kernel="decode", n_splits=5, workspace=workspace)
-        check(case, layer, got)
-        check(case, layer, run_gathered(case, layer, kernel="decode", workspace=workspace))
-    with pytest.raises(ValueError, match="workspace"):
+    for layer in range(2):  # reused by both layers and both modes: what a fresh one gives
+        for run in (run_masked, run_gathered):
+            got = run(case, layer, kernel="decode", n_splits=2, workspace=workspace)
+            check(case, layer, got)
+            np.testing.assert_array_equal(got, run(case, layer, kernel="decode", n_splits=2))
+    # too few splits for the plan: refused, never clamped (a plan's grid is fixed)
+    for n_splits in (3, MAX_SPLITS):
+        with pytest.raises(ValueError, match=f"n_splits={n_splits}"):
+            run_masked(case, 0, kernel="decode", n_splits=n_splits, workspace=workspace)
+        with pytest.raises(ValueError, match=f"n_splits={n_splits}"):
+            run_gathered(case, 0, kernel="decode", n_splits=n_splits, workspace=workspace)
+    with pytest.raises(ValueError, match="workspace"):  # n_heads 2, not 4
         run_masked(case, 0, kernel="decode", workspace=split_workspace(MAX_WIDTH, 2, 16))
+    with pytest.raises(ValueError, match="workspace"):  # rows for 3 tokens, not 4
+        run_gathered(case, 0, kernel="decode", n_splits=1, workspace=split_workspace(3, 4, 16))
+    with pytest.raises(ValueError, match="workspace"):  # head_dim 8, not 16
+        run_masked(case, 0, kernel="decode", n_splits=1, workspace=split_workspace(4, 4, 8))
+
+
+# -- splits past a token's range: empty partials, ignored by the merge ------------------------
+
+LONG = 2 * MIN_SPLIT_CELLS + 22  # a range of two whole splits and part of a third
+FORCED_SPLITS = (1, 2, 3, MAX_SPLITS)
+
+
+def fill(length: int) -> tuple[int, int]:
+    """Bounds on the splits a range of `length` cells fills at MIN_SPLIT_CELLS cells a split:
+    whole splits (floor) to splits covering it (ceil); either is a reading of the rule."""
+    return max(1, length // MIN_SPLIT_CELLS), max(1, -(-length // MIN_SPLIT_CELLS))
+
+
+def split_inputs(seed: int):
+    """A pool of LONG rows (float32) with queries for 5 tokens of 2 heads over 1 KV head."""
+    rng = np.random.default_rng(seed)
+    k, v = rng.standard_normal((2, LONG, 1, 8)).astype(np.float32)
+    q = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    return rng, q, k, v
+
+
+def run_with_splits(mode, q, k, v, table, step, n_splits, lengths, **launch):
+    """One decode launch of `mode` with n_splits forced, over a NaN-poisoned workspace: the
+    splits past a token's range fill (`lengths`: its cells) must write an empty partial
+    (else the merge would read the NaN), and the splits past n_splits nothing."""
+    width = len(q)  # the step's width; its buffer has MAX_WIDTH columns
+    workspace = split_workspace(width, q.shape[1], q.shape[2])  # MAX_SPLITS splits
+    for part in workspace:
+        part.copy_to_device(np.full(part.shape, np.nan, np.float32))
+    out_d = to_d(np.full(q.shape, SENTINEL, np.float32))
+    args = (to_d(q), to_d(k), to_d(v), to_d(table), to_d(step))
+    options = dict(kernel="decode", n_splits=n_splits, workspace=workspace)
+    if mode == "masked":
+        launch_attend_masked(*args, width, launch["read_len"], 0.5, out_d, **options)
+    else:
+        launch_attend_gathered(*args, width, launch["window"], 0.5, out_d, **options)
+    part_l = workspace[2].copy_to_host()  # [width, n_heads, MAX_SPLITS]
+    for t, length in enumerate(lengths):
+        np.testing.assert_array_equal(part_l[t, :, fill(length)[1] : n_splits], tiles.EMPTY)
+    assert np.isnan(part_l[:, :, n_splits:]).all()
+    return out_d.copy_to_host()
+
+
+def check_forced_splits(outs: dict, expect: np.ndarray, lengths: list[int]) -> None:
+    """Every n_splits against the reference; bit for bit equal wherever the same splits are
+    used, the rest of the n_splits empty: every n_splits on a range of at most
+    MIN_SPLIT_CELLS cells (one split), and 3 and MAX_SPLITS on any (at most 3 are filled)."""
+    for n_splits, got in outs.items():
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=f"x{n_splits}")
+    for t, length in enumerate(lengths):
+        assert fill(length)[1] <= 3
+        np.testing.assert_array_equal(outs[MAX_SPLITS][t], outs[3][t], err_msg=f"token {t}")
+        if length <= MIN_SPLIT_CELLS:
+            for n_splits, got in outs.items():
+                np.testing.assert_array_equal(got[t], outs[1][t], err_msg=f"{t} x{n_splits}")
+
+
+@pytest.mark.parametrize("read_len", [MIN_SPLIT_CELLS - 24, MIN_SPLIT_CELLS, LONG])
+def test_masked_decode_gives_one_result_for_any_forced_splits(read_len):
+    # every token sweeps [0, read_len): one split up to MIN_SPLIT_CELLS cells, 2 or 3 of LONG
+    rng, q, k, v = split_inputs(read_len)
+    width = len(q)
+    mask = np.ones((width, LONG), np.uint8)  # attend everything past read_len: never read
+    mask[:, :read_len] = rng.random((width, read_len)) < 0.7
+    mask[3, :read_len] = 0  # a real token that sees nothing gives 0
+    k[read_len:], v[read_len:] = np.nan, np.nan
+    step = host_step(np.zeros(width), np.full(width, 7), np.zeros(width), read_len, MAX_WIDTH)
+    step[POSITIONS, width:], step[SEQ_IDS, width:] = 0, 0  # junk past the width: a token
+    # reference
+    expect = attend_cells(q, k[:read_len], v[:read_len], mask[:, :read_len], np.float32(0.5))
+    # device
+    outs = {
+        n: run_with_splits("masked", q, k, v, mask, step, n, [read_len] * width, read_len=read_len)
+        for n in FORCED_SPLITS
+    }
+    # compare
+    assert (outs[MAX_SPLITS][3] == 0).all()
+    check_forced_splits(outs, expect, [read_len] * width)
+
+
+@pytest.mark.parametrize("window", [0, MIN_SPLIT_CELLS + 6])
+def test_gathered_decode_gives_one_result_for_any_forced_splits(window):
+    # tokens whose ranges are shorter than, exactly, just past and far past MIN_SPLIT_CELLS
+    # cells (11, 64, 65 and LONG at window 0; the window cuts the last two), and a padding row
+    rng, q, k, v = split_inputs(window + 1)
+    table = np.full((2, LONG + 8), -7, np.int32)  # past a sequence's length: -7
+    table[0, :LONG] = rng.permutation(LONG)
+    table[1, :LONG] = rng.permutation(LONG)
+    seq_ids = [0, 1, 0, 1, -1]
+    positions = [10, MIN_SPLIT_CELLS - 1, MIN_SPLIT_CELLS, LONG - 1, 3]
+    step = host_step(np.zeros(5), positions, seq_ids, 0, MAX_WIDTH)
+    step[POSITIONS, 5:], step[SEQ_IDS, 5:] = LONG - 1, 1  # junk past the width: a token
+    # reference: token t sees the cells of its sequence at positions [lo, p]
+    mask = np.zeros((5, LONG), np.uint8)
+    lengths = []
+    for t, (seq, p) in enumerate(zip(seq_ids, positions, strict=True)):
+        lo = max(0, p - window + 1) if window else 0
+        lengths.append(p + 1 - lo if seq >= 0 else 0)
+        if seq >= 0:
+            mask[t, table[seq, lo : p + 1]] = 1
+    expect = attend_cells(q, k, v, mask, np.float32(0.5))
+    assert max(lengths) == (LONG if window == 0 else window)  # more than one split filled
+    # device
+    outs = {
+        n: run_with_splits("gathered", q, k, v, table, step, n, lengths, window=window)
+        for n in FORCED_SPLITS
+    }
+    # compare
+    assert (outs[MAX_SPLITS][4] == 0).all()
+    check_forced_splits(outs, expect, lengths)
+
+
+def test_split_range_uses_the_splits_a_range_fills():
+    # the device function run as Python: near-equal parts covering [lo, hi) in order, as
+    # many as the range fills (see `fill`), never more than n_splits; the rest empty
+    split_range = tiles.split_range.py_func
+    ranges = [(0, 0), (5, 6), (0, MIN_SPLIT_CELLS), (3, 4 + MIN_SPLIT_CELLS), (0, LONG), (7, 4000)]
+    for lo, hi in ranges:
+        for n_splits in (*FORCED_SPLITS, 5):
+            parts = [split_range(lo, hi, s, n_splits) for s in range(n_splits)]
+            used = sum(b > a for a, b in parts)
+            assert all(b > a for a, b in parts[:used])  # the used splits come first
+            assert [c for a, b in parts for c in range(a, b)] == list(range(lo, hi))
+            low, high = fill(hi - lo)
+            assert used == 0 if hi == lo else min(n_splits, low) <= used <= min(n_splits, high)
+            sizes = [b - a for a, b in parts[:used]]
+            assert not sizes or max(sizes) - min(sizes) <= max(1, used)  # near-equal
 
 
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
@@ -245,15 +384,14 @@ def test_gathered_skips_a_cell_id_past_the_pool(kernel):
     q = rng.standard_normal((2, n_heads, head_dim)).astype(np.float32)
     k, v = rng.standard_normal((2, rows, 1, head_dim)).astype(np.float32)
     seq_cells = np.array([[4, 1, rows + 3, 0, 2]], np.int32)
-    seq_ids, positions = np.zeros(2, np.int32), np.array([4, 1], np.int32)
+    step = host_step([-1, -1], [4, 1], [0, 0])  # the cells are the placement's, unread here
     # reference: token 0 sees cells 4, 1, 0, 2; token 1 sees 4, 1
     expect = attend_cells(q, k, v, np.array([[1, 1, 1, 0, 1, 0], [0, 1, 0, 0, 1, 0]]), 0.5)
     # device
     out_d = to_d(np.zeros(q.shape, np.float32))
     launch_attend_gathered(
-        to_d(q), to_d(k), to_d(v), to_d(seq_cells), to_d(seq_ids), to_d(positions), 2, 0, 0.5,
-        out_d, kernel=kernel,
-    )  # fmt: skip
+        to_d(q), to_d(k), to_d(v), to_d(seq_cells), to_d(step), 2, 0, 0.5, out_d, kernel=kernel
+    )
     # compare
     np.testing.assert_allclose(out_d.copy_to_host(), expect, rtol=1e-5, atol=1e-5)
 
@@ -267,14 +405,16 @@ def test_a_real_token_that_sees_nothing_gives_zero():
     mask[1, ::3] = 1  # only token 1 sees anything
     k[mask.sum(axis=0) == 0] = np.inf  # every cell no token sees: garbage
     v[mask.sum(axis=0) == 0] = np.nan
+    step_d = to_d(host_step(np.arange(width), np.arange(width), np.zeros(width), read_len))
     for kernel in ("decode", "prefill"):
         # reference
         expect = attend_cells(q, k, v, mask, np.float32(0.5))
         # device
         out_d = to_d(np.full(q.shape, SENTINEL, np.float32))
         launch_attend_masked(
-            to_d(q), to_d(k), to_d(v), to_d(mask), width, read_len, 0.5, out_d, kernel=kernel
-        )
+            to_d(q), to_d(k), to_d(v), to_d(mask), step_d, width, read_len, 0.5, out_d,
+            kernel=kernel,
+        )  # fmt: skip
         got = out_d.copy_to_host()
         # compare
         assert (got[[0, 2]] == 0).all()
@@ -291,13 +431,76 @@ def test_choose_splits_and_the_shape_rule():
     assert is_decode_shape(DECODE_MAX_WIDTH + 1, 2, 2) == (not IS_SIMULATOR)
 
 
+@pytest.mark.parametrize(("n_heads", "n_kv_heads"), [(2, 2), (8, 2), (32, 8), (64, 1)])
+@pytest.mark.parametrize("max_width", [1, DECODE_MAX_WIDTH, 512])
+def test_decode_width_limit_is_the_widest_decode_shape(max_width, n_heads, n_kv_heads):
+    limit = decode_width_limit(max_width, n_heads, n_kv_heads)
+    assert min(max_width, DECODE_MAX_WIDTH) <= limit <= max_width
+    assert all(is_decode_shape(w, n_heads, n_kv_heads) for w in range(1, limit + 1))
+    assert limit == max_width or not is_decode_shape(limit + 1, n_heads, n_kv_heads)
+
+
+def test_plans_depend_on_the_shape_only():
+    # a plan is the width's and the config's: forced kernels and splits, the split default
+    # from max_len, and the merge over width x n_heads x head_dim
+    plan = plan_attention("masked", "float", 3, 4, 2, 16, 4096, kernel="decode", n_splits=5)
+    assert isinstance(plan, AttentionPlan) and plan.is_decode and plan.n_splits == 5
+    assert plan.kernel is attention_launch.KERNELS["masked", "float"][0]
+    assert plan.merge_threads > 0 and plan.merge_grid
+    prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill")
+    assert not prefill.is_decode and prefill.n_splits == 0
+    assert prefill.kernel is attention_launch.KERNELS["gathered", "bfloat16"][1]
+    default = plan_attention("gathered", "float", 2, 4, 2, 16, 1 << 20, kernel="decode")
+    assert default.n_splits == choose_splits(1 << 20, 2 * 2)  # width x head blocks
+    short = plan_attention("masked", "float", 2, 4, 2, 16, MIN_SPLIT_CELLS - 1, kernel="decode")
+    assert short.n_splits == 1
+    by_shape = plan_attention("masked", "float", DECODE_MAX_WIDTH, 4, 2, 16, 100)
+    assert by_shape.is_decode == is_decode_shape(DECODE_MAX_WIDTH, 4, 2)
+    with pytest.raises(ValueError, match="kernel='fast'"):
+        plan_attention("masked", "float", 2, 4, 2, 16, 100, kernel="fast")
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_one_plan_serves_steps_of_any_read_len_and_positions(kernel):
+    # planned once for the width, run over two steps whose read_len and positions differ:
+    # what each step's own launcher call gives, bit for bit
+    rng = np.random.default_rng(8)
+    width, rows, n_heads, head_dim = 3, 40, 4, 8
+    q = to_d(rng.standard_normal((width, n_heads, head_dim)).astype(np.float32))
+    k, v = (to_d(rng.standard_normal((rows, 2, head_dim)).astype(np.float32)) for _ in "kv")
+    mask = to_d((rng.random((width, rows)) < 0.6).astype(np.uint8))
+    seq_cells = to_d(rng.permutation(rows).astype(np.int32).reshape(1, rows))
+    scale = np.float32(0.25)
+    shape = (width, n_heads, 2, head_dim, rows)
+    masked = plan_attention("masked", "float", *shape, kernel=kernel)
+    gathered = plan_attention("gathered", "float", *shape, kernel=kernel)
+    workspace = split_workspace(width, n_heads, head_dim)
+    for read_len, positions in ((rows, [5, 39, 0]), (17, [16, 2, 30])):
+        step_d = to_d(host_step([-1] * width, positions, [0, 0, -1], read_len, MAX_WIDTH))
+        runs = {
+            "masked": (masked, (mask,), launch_attend_masked, (mask, step_d, width, read_len)),
+            "gathered": (gathered, (seq_cells, np.int32(0)), launch_attend_gathered,
+                         (seq_cells, step_d, width, 0)),
+        }  # fmt: skip
+        for mode, (plan, view, launcher, args) in runs.items():
+            out_d, expect_d = (to_d(np.full((width, n_heads, head_dim), SENTINEL)) for _ in "oe")
+            run_attention(plan, q, k, v, step_d, view, scale, out_d, workspace, 0)
+            launcher(q, k, v, *args, scale, expect_d, kernel=kernel)
+            got, expect = out_d.copy_to_host(), expect_d.copy_to_host()
+            np.testing.assert_array_equal(got, expect, err_msg=f"{mode} read_len={read_len}")
+            assert mode == "masked" or (got[2] == 0).all()  # gathered: the padding row
+
+
 # -- refusals ----------------------------------------------------------------------------
 
 
 def refusal_inputs(n_heads=2, n_kv_heads=1, head_dim=8):
+    """q and out of 2 rows, a pool of 4, a [2, 4] mask, a step buffer of 2 columns (width 2,
+    read_len 4) and a [1, 4] seq_cells."""
     q = to_d(np.zeros((2, n_heads, head_dim), np.float32))
     kv = to_d(np.zeros((4, n_kv_heads, head_dim), np.float32))
-    return q, kv, to_d(np.zeros((2, 4), np.uint8))
+    step = to_d(host_step([0, 1], [0, 1], [0, 0], read_len=4))
+    return q, kv, to_d(np.zeros((2, 4), np.uint8)), step, to_d(np.zeros((1, 4), np.int32))
 
 
 @pytest.mark.parametrize(
@@ -305,22 +508,29 @@ def refusal_inputs(n_heads=2, n_kv_heads=1, head_dim=8):
     [((2, 1, HEAD_DIM_MAX + 1), "head_dim=129"), ((3, 2, 8), "multiple of n_kv_heads")],
 )
 def test_launchers_refuse_shapes_they_cannot_run(heads, match):
-    q, kv, mask = refusal_inputs(*heads)
-    seq = to_d(np.zeros(2, np.int32))
+    q, kv, mask, step, seq_cells = refusal_inputs(*heads)
     with pytest.raises(ValueError, match=match):
-        launch_attend_masked(q, kv, kv, mask, 2, 4, 1.0, q)
+        launch_attend_masked(q, kv, kv, mask, step, 2, 4, 1.0, q)
     with pytest.raises(ValueError, match=match):
-        launch_attend_gathered(q, kv, kv, to_d(np.zeros((1, 4), np.int32)), seq, seq, 2, 0, 1.0, q)
+        launch_attend_gathered(q, kv, kv, seq_cells, step, 2, 0, 1.0, q)
 
 
 def test_launchers_refuse_extents_past_their_arrays():
-    q, kv, mask = refusal_inputs()
+    q, kv, mask, step, seq_cells = refusal_inputs()
     with pytest.raises(ValueError, match="width=3"):
-        launch_attend_masked(q, kv, kv, mask, 3, 4, 1.0, q)
+        launch_attend_masked(q, kv, kv, mask, step, 3, 4, 1.0, q)
     with pytest.raises(ValueError, match="read_len=5"):
-        launch_attend_masked(q, kv, kv, mask, 2, 5, 1.0, q)
+        launch_attend_masked(q, kv, kv, mask, step, 2, 5, 1.0, q)
     with pytest.raises(ValueError, match="kernel='fast'"):
-        launch_attend_masked(q, kv, kv, mask, 2, 4, 1.0, q, kernel="fast")
-    seq = to_d(np.zeros(2, np.int32))
+        launch_attend_masked(q, kv, kv, mask, step, 2, 4, 1.0, q, kernel="fast")
     with pytest.raises(ValueError, match="window=-1"):
-        launch_attend_gathered(q, kv, kv, to_d(np.zeros((1, 4), np.int32)), seq, seq, 2, -1, 1.0, q)
+        launch_attend_gathered(q, kv, kv, seq_cells, step, 2, -1, 1.0, q)
+    with pytest.raises(ValueError, match="width=3"):
+        launch_attend_gathered(q, kv, kv, seq_cells, step, 3, 0, 1.0, q)
+    # a step buffer narrower than the width: q, out and the mask hold 3 rows, the step 2
+    q3 = to_d(np.zeros((3, 2, 8), np.float32))
+    mask3 = to_d(np.zeros((3, 4), np.uint8))
+    with pytest.raises(ValueError, match="width=3"):
+        launch_attend_masked(q3, kv, kv, mask3, step, 3, 4, 1.0, q3)
+    with pytest.raises(ValueError, match="width=3"):
+        launch_attend_gathered(q3, kv, kv, seq_cells, step, 3, 0, 1.0, q3)

@@ -2,7 +2,10 @@
 
 After every rule: the host table, the device mirror copied back, the step's arrays,
 every window's mask region and every occupied cell's K/V bytes must equal the
-reference's; a refused call must raise the same error on both and change neither.
+reference's; a refused call must raise the same error on both and change neither; the
+bindings taken earlier hold until the pool grows, then raise BindingError. Steps run on the
+cache's own stream, an explicit numba stream or a foreign (`__cuda_stream__`) one; K/V and
+q come from the host or the device; attend writes a new array or `out=`.
 """
 
 import numpy as np
@@ -13,8 +16,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import numbakv
 from numbakv.cache._cuda import cuda, device_address
+from numbakv.cache.kernels.step_buffer import (
+    CELLS,
+    POSITIONS,
+    SCALARS,
+    SEQ_IDS,
+    columns,
+    host_step,
+)
 from numbakv.errors import (
     AllocationError,
+    BindingError,
     CacheError,
     CapacityError,
     ConfigError,
@@ -80,6 +92,25 @@ def assert_same_step(got, expect) -> None:
         np.testing.assert_array_equal(got.mask(window), expect.mask(window))
 
 
+class ForeignStream:
+    """A stream of another library: only `__cuda_stream__` (the simulator gives it a stream
+    of its own; a GPU wraps its handle). Holds what owns the handle, so it stays alive."""
+
+    def __init__(self, handle: int, owner=None):
+        self.handle, self.owner = handle, owner
+
+    def __cuda_stream__(self):
+        return 0, self.handle
+
+
+def foreign_stream() -> ForeignStream:
+    """A real stream's handle behind the protocol on a GPU, a made-up one on the simulator."""
+    if numbakv.device_info()["mode"] == "sim":
+        return ForeignStream(0x5EED)
+    owner = cuda.stream()
+    return ForeignStream(int(owner), owner)
+
+
 class DeviceMachine(RuleBasedStateMachine):
     """Same random verbs and steps on the device cache and the reference."""
 
@@ -100,7 +131,9 @@ class DeviceMachine(RuleBasedStateMachine):
         )  # fmt: skip
         self.device, self.reference = numbakv.CellCache(self.cfg), RefCache(self.cfg)
         self.rng = np.random.default_rng(0)
+        self.streams = [None, cuda.stream(), foreign_stream()]
         self.park_and_start()
+        self.bindings = self.device.bindings()
 
     def park_and_start(self):
         """Parks ids 0..63 when max_seqs > 64, so the sequences under test have ids past
@@ -174,19 +207,33 @@ class DeviceMachine(RuleBasedStateMachine):
         pad = data.draw(st.integers(-1, 2))  # -1: width=None; else a width past the declared
         self.both(lambda c: c.declare_step(seq_ids))
         width = len(seq_ids) + pad if pad >= 0 else None
-        prepared, width = self.both(lambda c: c.prepare_step(width).width)
+        prepared, width = self.both(lambda c: self.prepare(c, data, width).width)
         if not prepared:
             return
-        self.check_and_write(width)
+        self.check_and_write(width, data)
         event("mixed step prepared")
 
-    def check_and_write(self, width: int) -> None:
-        """Compares the two steps, then writes the same random K/V (padded rows too)."""
+    def prepare(self, cache, data, width):
+        """prepare_step(width), on the device on a drawn stream (its own, numba's, foreign)."""
+        if cache is self.reference:
+            return cache.prepare_step(width)
+        choice = data.draw(st.sampled_from(range(len(self.streams))), label="stream")
+        event(f"stream {['own', 'numba', 'foreign'][choice]}")
+        return cache.prepare_step(width, stream=self.streams[choice])
+
+    def check_and_write(self, width: int, data) -> None:
+        """Compares the two steps, then writes the same random K/V (padded rows too), to the
+        device from the host or from device arrays."""
         assert_same_step(self.device._step, self.reference._step)
         k, v = self.rng.standard_normal((2, width, self.cfg.n_kv_heads, self.cfg.head_dim))
+        k, v = k.astype(np.float32), v.astype(np.float32)
+        on_device = data.draw(st.booleans(), label="K/V on the device")
         for layer in range(self.cfg.n_layers):
-            self.device.write(layer, k.astype(np.float32), v.astype(np.float32))
-            self.reference.write(layer, k.astype(np.float32), v.astype(np.float32))
+            if on_device:
+                self.device.write(layer, cuda.to_device(k), cuda.to_device(v))
+            else:
+                self.device.write(layer, k, v)
+            self.reference.write(layer, k, v)
 
     @precondition(lambda self: self.reference._step is not None)
     @rule(data=st.data())
@@ -199,19 +246,36 @@ class DeviceMachine(RuleBasedStateMachine):
         q = self.rng.standard_normal((width, group * self.cfg.n_kv_heads, self.cfg.head_dim))
         q = q.astype(np.float32)
         expect = self.reference.attend(layer, q)
-        got = self.device.attend(layer, q, mode=mode).copy_to_host()
-        np.testing.assert_allclose(got, expect, **TOLERANCE[self.cfg.dtype], err_msg=mode)
+        if data.draw(st.booleans(), label="q and out on the device"):
+            out = cuda.device_array(q.shape, np.float32)
+            returned = self.device.attend(layer, cuda.to_device(q), mode=mode, out=out)
+            assert returned is out
+            event("attend out=")
+        else:
+            out = self.device.attend(layer, q, mode=mode)
+        np.testing.assert_allclose(out.copy_to_host(), expect, **TOLERANCE[self.cfg.dtype])
         event(f"attend {mode}")
 
+    @precondition(lambda self: self.reference._step is not None)
+    @rule(data=st.data())
+    def read_mask(self, data):
+        """step.mask(w) in any step, gathered or masked, before or after its attends."""
+        windows = self.reference._step.windows
+        window = data.draw(st.sampled_from(windows))
+        np.testing.assert_array_equal(
+            self.device._step.mask(window), self.reference._step.mask(window)
+        )
+
     @precondition(lambda self: self.live())
-    @rule(width=st.integers(0, 2))
-    def decode_all(self, width):
+    @rule(width=st.integers(0, 2), data=st.data())
+    def decode_all(self, width, data):
         """One token for each live sequence under test, padded by `width` rows."""
         seq_ids = self.live()[: self.cfg.max_width]
         self.both(lambda c: c.declare_step(seq_ids))
-        prepared, width = self.both(lambda c: c.prepare_step(len(seq_ids) + width).width)
+        width = len(seq_ids) + width
+        prepared, width = self.both(lambda c: self.prepare(c, data, width).width)
         if prepared:
-            self.check_and_write(width)
+            self.check_and_write(width, data)
             event("decode step prepared")
 
     @invariant()
@@ -220,6 +284,18 @@ class DeviceMachine(RuleBasedStateMachine):
             assert_same(self.device, self.reference)
             self.device.check_invariants()
             self.reference.check_invariants()
+
+    @invariant()
+    def bindings_hold_until_the_pool_moves(self):
+        if not hasattr(self, "device"):
+            return
+        if self.device.generation == self.bindings.generation:
+            self.device.check_bindings(self.bindings)
+            return
+        with pytest.raises(BindingError, match=r"pool grew from \d+ to \d+ rows"):
+            self.device.check_bindings(self.bindings)
+        self.bindings = self.device.bindings()
+        event("bindings refused after growth")
 
 
 TestDeviceMachine = DeviceMachine.TestCase
@@ -239,6 +315,29 @@ def test_fixed_buffers_never_move():
     after = {name: device_address(buf) for name, buf in cache.buffers.all().items()}
     assert cache.growth_count >= 3
     assert after == before
+
+
+def test_the_step_buffer_holds_the_step_and_its_rows_are_the_step_arrays():
+    # one [4, columns] int32 buffer: the cells, positions and seq_ids views are its rows,
+    # and a prepared step leaves its tokens (-1 past them) and width, read_len in it
+    cfg = small_config(capacity=32, initial_cells=8)
+    cache = numbakv.CellCache(cfg)
+    b = cache.buffers
+    assert "step" in b.all() and not {"cells", "positions", "seq_ids", "read_len"} & set(b.all())
+    assert b.step.shape == (4, columns(cfg.max_width)) and b.step.dtype == np.int32
+    row_bytes = b.step.shape[1] * 4
+    for row, view in ((CELLS, b.cells), (POSITIONS, b.positions), (SEQ_IDS, b.seq_ids)):
+        assert view.shape == (cfg.max_width,)
+        assert device_address(view) == device_address(b.step) + row * row_bytes
+    a, s = cache.seq_new(), cache.seq_new()
+    step_with(cache, [a] * 3)
+    step = step_with(cache, [s, a], width=3)
+    cuda.synchronize()
+    got = b.step.copy_to_host()
+    expect = host_step(step.cells, step.positions, step.seq_ids, step.read_len, cfg.max_width)
+    np.testing.assert_array_equal(got[:SCALARS], expect[:SCALARS])  # -1 past the width
+    assert got[SCALARS, :2].tolist() == [3, step.read_len] == [step.width, cache.read_len]
+    np.testing.assert_array_equal(b.cells.copy_to_host()[:3], step.cells)
 
 
 def test_failed_growth_changes_nothing_on_either_side():

@@ -1,11 +1,13 @@
-"""write_mask against the mask rule spelled out by hand and against the reference's
-window_mask; only rows < width and columns < read_len are written (0xAB elsewhere)."""
+"""write_masks against the mask rule spelled out by hand and against the reference's
+window_mask; only rows < width and columns < read_len are written (0xAB elsewhere), both
+read from the step buffer, whose columns past the width hold live-looking junk."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numbakv.cache.kernels.masks import launch_write_masks
 from numbakv.reference.step import window_mask
 
 from helpers import churn
@@ -13,6 +15,7 @@ from kernel_inputs import (
     BLOCK,
     CAPACITY,
     MAX_WIDTH,
+    POISON,
     SEQ_IDS,
     WIDTHS,
     bit_of,
@@ -21,6 +24,9 @@ from kernel_inputs import (
     mirror_of,
     random_owners,
     ref_config,
+    sees_by_hand,
+    step_buffer,
+    to_d,
 )
 
 # -- write_mask ------------------------------------------------------------------
@@ -118,3 +124,57 @@ def test_write_mask_matches_the_reference_window_mask(ops, window, seed):
     got = check_write_mask(cell_pos, cell_owners, seq_ids, positions, width, snap.read_len, window)
     # compare
     np.testing.assert_array_equal(got[:width, : snap.read_len], expect)
+
+
+def launch_one(mask_d, cell_pos_d, cell_owners_d, step_d, width, window=0):
+    """launch_write_masks over a stack of one mask, `mask_d` [1, max_width, capacity]."""
+    windows_d = to_d(np.array([window], np.int32))
+    launch_write_masks(mask_d, windows_d, cell_pos_d, cell_owners_d, step_d, width)
+
+
+def test_write_masks_refuses_bad_extents_and_width_zero_writes_nothing():
+    rng = np.random.default_rng(11)
+    cell_pos, cell_owners, seq_ids, positions = mask_inputs(rng)
+    cells = np.zeros(MAX_WIDTH, np.int32)
+    step_d = to_d(step_buffer(cells, positions, seq_ids, 4, CAPACITY))
+    mask = np.full((1, MAX_WIDTH, CAPACITY), POISON, np.uint8)
+    mask_d, cell_pos_d, cell_owners_d = to_d(mask), to_d(cell_pos), to_d(cell_owners)
+    tall_d = to_d(np.zeros((1, MAX_WIDTH + 2, CAPACITY), np.uint8))
+    with pytest.raises(ValueError, match=f"width={MAX_WIDTH + 1}"):  # past the step buffer
+        launch_one(tall_d, cell_pos_d, cell_owners_d, step_d, MAX_WIDTH + 1)
+    with pytest.raises(ValueError, match="width=5"):  # past the mask's rows
+        launch_one(to_d(mask[:, :4]), cell_pos_d, cell_owners_d, step_d, 5)
+    for pos_d, owners_d in (
+        (to_d(cell_pos[:-1]), cell_owners_d),
+        (cell_pos_d, to_d(cell_owners[:-1])),
+    ):
+        with pytest.raises(ValueError, match="capacity"):  # the grid covers the capacity
+            launch_one(mask_d, pos_d, owners_d, step_d, 4)
+    with pytest.raises(ValueError, match="capacity"):
+        launch_one(to_d(mask[:, :, :-1]), cell_pos_d, cell_owners_d, step_d, 4)
+    with pytest.raises(ValueError, match="2 windows for 1 masks"):
+        windows_d = to_d(np.array([0, 2], np.int32))
+        launch_write_masks(mask_d, windows_d, cell_pos_d, cell_owners_d, step_d, 4)
+    empty_d = to_d(step_buffer(cells, positions, seq_ids, 0, CAPACITY))
+    launch_one(mask_d, cell_pos_d, cell_owners_d, empty_d, 0)
+    np.testing.assert_array_equal(mask_d.copy_to_host(), mask)
+
+
+def test_write_masks_reads_read_len_from_the_step_buffer_and_caps_it():
+    # one launch per width serves any read_len: the same arguments, several step buffers;
+    # a read_len past the capacity writes no column past it
+    rng = np.random.default_rng(12)
+    cell_pos, cell_owners, seq_ids, positions = mask_inputs(rng)
+    cells = np.zeros(MAX_WIDTH, np.int32)
+    mask_d = to_d(np.full((1, MAX_WIDTH, CAPACITY), POISON, np.uint8))
+    cell_pos_d, cell_owners_d = to_d(cell_pos), to_d(cell_owners)
+    for read_len in (BLOCK + 3, 5, 0, CAPACITY + 7):
+        step_d = to_d(step_buffer(cells, positions, seq_ids, 3, read_len))
+        launch_one(mask_d, cell_pos_d, cell_owners_d, step_d, 3, window=2)
+        got = mask_d.copy_to_host()[0]
+        for t in range(3):
+            row = sees_by_hand(cell_pos, cell_owners, seq_ids[t], positions[t], 2)
+            np.testing.assert_array_equal(got[t, :read_len], row[:read_len])
+        if read_len <= CAPACITY:  # columns past read_len keep the widest write's, or poison
+            np.testing.assert_array_equal(got[:3, max(BLOCK + 3, read_len) :], POISON)
+        np.testing.assert_array_equal(got[3:], POISON)

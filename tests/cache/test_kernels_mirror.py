@@ -1,15 +1,14 @@
-"""The table mirror's kernels (add_owner, drop_owner, clear_table, record_tokens,
+"""The table mirror's kernels (add_owner, drop_owner, clear_table, prepare_tokens,
 copy_prefix, set_length, clear_lengths), alone and driven like the device path against the
 reference table; listed cells only, everything else byte for byte unchanged."""
 
 import numpy as np
 import pytest
 
-from numbakv.cache.kernels.placement import launch_place_tokens
+from numbakv.cache.kernels.placement import launch_prepare_tokens
 from numbakv.cache.kernels.seq_cells import (
     launch_clear_lengths,
     launch_copy_prefix,
-    launch_record_tokens,
     launch_set_length,
 )
 from numbakv.cache.kernels.verbs import launch_add_owner, launch_clear_table, launch_drop_owner
@@ -27,6 +26,7 @@ from kernel_inputs import (
     mirror_of,
     random_owners,
     ref_config,
+    step_buffer,
     to_d,
 )
 
@@ -105,25 +105,29 @@ def test_verbs_with_n_zero_touch_nothing():
 
 
 class DeviceMirror:
-    """The table mirror driven by the kernels, as the device path drives it."""
+    """The table mirror and the position -> cell table driven by the kernels, as the device
+    path drives them."""
 
     def __init__(self, config: CacheConfig):
         self.config = config
         self.cell_pos_d = to_d(np.full(config.capacity, -1, np.int32))
         self.cell_owners_d = to_d(np.zeros((config.capacity, config.n_owner_words), np.uint64))
+        self.seq_cells_d = to_d(np.full((config.max_seqs, config.max_seq_len), -1, np.int32))
+        self.seq_len_d = to_d(np.zeros(config.max_seqs, np.int32))
 
     def step(self, step) -> None:
-        """place_tokens from the step buffers; rows past the width hold live-looking junk."""
+        """prepare_tokens from the step buffer; columns past the width hold live-looking junk."""
         width = step.width
-        junk = np.arange(self.config.max_width, dtype=np.int32)
+        junk = np.arange(self.config.max_width, dtype=np.int32)  # real cells, ids, positions
         cells, positions, seq_ids = junk.copy(), junk.copy(), junk.copy()
         cells[:width], positions[:width], seq_ids[:width] = (
             step.cells,
             step.positions,
             step.seq_ids,
         )
-        launch_place_tokens(
-            to_d(cells), to_d(positions), to_d(seq_ids), width, self.cell_pos_d, self.cell_owners_d
+        step_d = to_d(step_buffer(cells, positions, seq_ids, width, step.read_len))
+        launch_prepare_tokens(
+            step_d, width, self.cell_pos_d, self.cell_owners_d, self.seq_cells_d, self.seq_len_d
         )
 
     def add(self, cells: np.ndarray, seq: int) -> None:
@@ -131,15 +135,39 @@ class DeviceMirror:
             to_d(np.append(cells, 0).astype(np.int32)), len(cells), seq, self.cell_owners_d
         )
 
-    def drop(self, cells: np.ndarray, seq: int) -> None:
+    def clone(self, src: int, seq: int, upto: int) -> None:
+        launch_copy_prefix(self.seq_cells_d, self.seq_len_d, src, seq, upto)
+
+    def drop(self, cells: np.ndarray, seq: int, length: int) -> None:
         cells = np.append(cells, 0).astype(np.int32)  # never empty; the extra cell is past n
         launch_drop_owner(to_d(cells), len(cells) - 1, seq, self.cell_pos_d, self.cell_owners_d)
+        launch_set_length(self.seq_len_d, seq, length)
 
     def clear(self) -> None:
         launch_clear_table(self.cell_pos_d, self.cell_owners_d)
+        launch_clear_lengths(self.seq_len_d)
 
     def host(self) -> tuple[np.ndarray, np.ndarray]:
         return self.cell_pos_d.copy_to_host(), self.cell_owners_d.copy_to_host()
+
+    def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.seq_cells_d.copy_to_host(), self.seq_len_d.copy_to_host()
+
+
+def check_seq_table(cache, mirror: DeviceMirror) -> None:
+    """Each live sequence's length and cells by position, as the reference table holds them;
+    dead ids hold no length."""
+    expect_pos, expect_owners = mirror_of(cache)
+    seq_cells, seq_len = mirror.seq_table()
+    live = set(cache.live_seqs)
+    for seq in range(cache.config.max_seqs):
+        if seq not in live:
+            assert seq_len[seq] == 0, seq
+            continue
+        mine = np.flatnonzero(holds(expect_owners, seq))
+        mine = mine[np.argsort(expect_pos[mine])]
+        assert seq_len[seq] == cache.pos(seq) == len(mine), seq
+        np.testing.assert_array_equal(seq_cells[seq, : len(mine)], mine, err_msg=str(seq))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -174,6 +202,7 @@ def test_mirror_follows_the_reference_table(seed):
             src = int(rng.choice(live))
             new = cache.seq_clone(src, upto=int(rng.integers(0, cache.pos(src) + 1)))
             mirror.add(np.flatnonzero(holds(mirror_of(cache)[1], new)), new)
+            mirror.clone(src, new, cache.pos(new))
         elif kind in ("rewind", "rm"):
             seq = int(rng.choice(live))
             if kind == "rm":
@@ -181,7 +210,8 @@ def test_mirror_follows_the_reference_table(seed):
             else:
                 cache.rewind(seq, int(rng.integers(0, cache.pos(seq) + 1)))
             after = mirror_of(cache)[1]
-            mirror.drop(np.flatnonzero(holds(before, seq) & ~holds(after, seq)), seq)
+            length = cache.pos(seq) if kind == "rewind" else 0
+            mirror.drop(np.flatnonzero(holds(before, seq) & ~holds(after, seq)), seq, length)
         elif kind == "clear":
             cache.clear()
             mirror.clear()
@@ -192,6 +222,7 @@ def test_mirror_follows_the_reference_table(seed):
         got_pos, got_owners = mirror.host()
         np.testing.assert_array_equal(got_pos, expect_pos)
         np.testing.assert_array_equal(got_owners, expect_owners)
+        check_seq_table(cache, mirror)
     assert n_steps >= 5
 
 
@@ -203,31 +234,6 @@ def pad(x: np.ndarray) -> np.ndarray:
 
 
 # -- the position -> cell table (seq_cells) ----------------------------------------------
-
-
-@pytest.mark.parametrize("width", [1, BLOCK + 1])
-def test_record_tokens_writes_each_position_and_the_longest_length(width):
-    # reference: tokens of 3 sequences (ids 0, 64, 199), one repeated, plus padding rows
-    rng = np.random.default_rng(width)
-    seq_ids = rng.choice([0, 64, 199], size=MAX_WIDTH).astype(np.int32)
-    seq_ids[width // 2 :: 3] = -1  # padding inside the width is skipped
-    positions = np.zeros(MAX_WIDTH, np.int32)
-    for s in (0, 64, 199):
-        positions[seq_ids == s] = 5 + np.arange(np.count_nonzero(seq_ids == s))
-    cells = rng.permutation(CAPACITY)[:MAX_WIDTH].astype(np.int32)
-    seq_cells = np.full((200, 64), -9, np.int32)
-    seq_len = np.full(200, 5, np.int32)
-    expect_cells, expect_len = seq_cells.copy(), seq_len.copy()
-    for t in range(width):
-        if seq_ids[t] >= 0:
-            expect_cells[seq_ids[t], positions[t]] = cells[t]
-            expect_len[seq_ids[t]] = max(expect_len[seq_ids[t]], positions[t] + 1)
-    # device
-    seq_cells_d, seq_len_d = to_d(seq_cells), to_d(seq_len)
-    launch_record_tokens(to_d(cells), to_d(positions), to_d(seq_ids), width, seq_cells_d, seq_len_d)
-    # compare
-    np.testing.assert_array_equal(seq_cells_d.copy_to_host(), expect_cells)
-    np.testing.assert_array_equal(seq_len_d.copy_to_host(), expect_len)
 
 
 @pytest.mark.parametrize("upto", [0, 1, BLOCK, BLOCK + 3])

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import numbakv
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels.attention import launch_attend_masked
+from numbakv.cache.kernels.step_buffer import host_step
 from numbakv.reference import CellCache as RefCache
 from numbakv.reference.attention import attend_cells
 from numbakv.reference.storage import to_storage
@@ -72,10 +73,13 @@ def test_device_propagates_specials_like_the_reference(dtype, rate, plan, seed):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize(("kernel", "n_splits"), [("decode", 1), ("decode", 3), ("prefill", None)])
+@pytest.mark.parametrize(
+    ("kernel", "n_splits"), [("decode", 1), ("decode", 3), ("decode", 32), ("prefill", None)]
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernels_over_many_tiles_and_splits(kernel, n_splits, dtype):
-    # 130 cells: five decode tiles, nine prefill tiles, splits of 44 cells. Token 0 sees a
+    # 130 cells: five decode tiles, nine prefill tiles, 3 splits of 44 cells (32 splits: the
+    # same 3, since a split takes up to MIN_SPLIT_CELLS cells, and 29 empty). Token 0 sees a
     # NaN key and token 1 an infinite one; token 2 sees neither but sees an inf and a NaN
     # in V (dims 2, 3), and across tiles cells whose weights are small
     rng = np.random.default_rng(5)
@@ -89,8 +93,9 @@ def test_kernels_over_many_tiles_and_splits(kernel, n_splits, dtype):
     scale = np.float32(0.5)
     expect = attend_cells(q, k_pool, v_pool, mask, scale, dtype)
     out = cuda.device_array(q.shape, np.float32)
+    step = host_step(np.arange(width), np.arange(width), np.zeros(width), read_len=rows)
     launch_attend_masked(
-        *(cuda.to_device(x) for x in (q, k_pool, v_pool, mask)), width, rows, scale, out,
+        *(cuda.to_device(x) for x in (q, k_pool, v_pool, mask, step)), width, rows, scale, out,
         kernel=kernel, n_splits=n_splits,
     )  # fmt: skip
     assert np.isnan(expect[0]).all() and np.isnan(expect[1]).any()  # +inf or -inf scores

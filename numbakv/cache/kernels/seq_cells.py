@@ -2,8 +2,8 @@
 
 `seq_cells[s, p]` is the cell holding position p of sequence s, for p < `seq_len[s]`;
 entries past a sequence's length are stale and never read. Placement records each
-token's cell; clone copies a prefix row; rewind and rm only change a length; clear
-zeroes every length. Each kernel has a launcher, `launch_<kernel>`.
+token's cell (`placement.prepare_tokens`); clone copies a prefix row; rewind and rm only
+change a length; clear zeroes every length. Each kernel has a launcher, `launch_<kernel>`.
 """
 
 import numpy as np
@@ -12,28 +12,12 @@ from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.launch import check_extent, launch_dims
 
-# cells, positions, seq_ids, width, seq_cells, seq_len
-RECORD_TOKENS_SIGNATURES = [
-    "void(int32[::1], int32[::1], int32[::1], int32, int32[:, ::1], int32[::1])"
-]
 # seq_cells, seq_len, src, dst, upto
 COPY_PREFIX_SIGNATURES = ["void(int32[:, ::1], int32[::1], int32, int32, int32)"]
 # seq_len, seq, length
 SET_LENGTH_SIGNATURES = ["void(int32[::1], int32, int32)"]
 # seq_len
 CLEAR_LENGTHS_SIGNATURES = ["void(int32[::1])"]
-
-
-@kernel(RECORD_TOKENS_SIGNATURES)
-def record_tokens(cells, positions, seq_ids, width, seq_cells, seq_len):
-    """seq_cells[s, p] = cell of each placed token t < width; seq_len[s] grows to p + 1."""
-    # cells, positions, seq_ids: [max_width] int32  seq_cells: [max_seqs, max_seq_len] int32
-    # seq_len: [max_seqs] int32; tokens of one sequence race on its length: atomic max
-    for t in range(cuda.grid(1), width, cuda.gridsize(1)):
-        seq = seq_ids[t]
-        if cells[t] >= 0 and seq >= 0:
-            seq_cells[seq, positions[t]] = cells[t]
-            cuda.atomic.max(seq_len, seq, positions[t] + 1)
 
 
 @kernel(COPY_PREFIX_SIGNATURES)
@@ -58,16 +42,6 @@ def clear_lengths(seq_len):
     """clear: every sequence's length 0."""
     for s in range(cuda.grid(1), seq_len.shape[0], cuda.gridsize(1)):
         seq_len[s] = 0
-
-
-def launch_record_tokens(cells, positions, seq_ids, width: int, seq_cells, seq_len, stream=0):
-    """Records the step's placed tokens in seq_cells (from the step buffers, rows < width)."""
-    check_extent("width", width, len(cells), len(positions), len(seq_ids))
-    if width:
-        grid, threads = launch_dims(width)
-        record_tokens[grid, threads, stream](
-            cells, positions, seq_ids, np.int32(width), seq_cells, seq_len
-        )
 
 
 def launch_copy_prefix(seq_cells, seq_len, src: int, dst: int, upto: int, stream=0):

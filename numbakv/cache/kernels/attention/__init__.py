@@ -22,24 +22,28 @@ The modules, by role:
     decode   one token x one head chunk x one split per block; partials merged by `merge`
     prefill  a tile of tokens x heads per block, each K/V tile loaded once for all of them
     merge    the decode splits combined
-    launch   the shape rule, the splits, the checks and the two launchers
+    launch   the plan (shape rule, grid, splits), the run, the checks and the two launchers
 """
 
 from numbakv.cache.kernels.attention.launch import (
     DECODE_MAX_WIDTH,
     MAX_SPLITS,
-    MIN_SPLIT_CELLS,
     SPLIT_TARGET_BLOCKS_PER_SM,
+    AttentionPlan,
     choose_splits,
+    decode_width_limit,
     is_decode_shape,
     launch_attend_gathered,
     launch_attend_masked,
+    plan_attention,
+    run_attention,
     split_workspace,
 )
 from numbakv.cache.kernels.attention.tiles import (
     DECODE_ROWS,
     DECODE_TILE,
     HEAD_DIM_MAX,
+    MIN_SPLIT_CELLS,
     PREFILL_ROWS,
     PREFILL_TILE,
     STORAGE,
@@ -56,9 +60,13 @@ __all__ = [
     "PREFILL_TILE",
     "SPLIT_TARGET_BLOCKS_PER_SM",
     "STORAGE",
+    "AttentionPlan",
     "choose_splits",
+    "decode_width_limit",
     "is_decode_shape",
     "launch_attend_gathered",
     "launch_attend_masked",
+    "plan_attention",
+    "run_attention",
     "split_workspace",
 ]

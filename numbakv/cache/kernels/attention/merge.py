@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.attention.tiles import (
@@ -13,13 +15,14 @@ from numbakv.cache.kernels.attention.tiles import (
     ZERO,
     Q,
 )
+from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
-# part_acc, part_m, part_l, width, n_splits, out
-MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, int32, int32, {Q})"]
+# part_acc, part_m, part_l, step, n_splits, out
+MERGE_SPLITS_SIGNATURES = [f"void({PARTIALS}, {STEP}, int32, {Q})"]
 
 
 @kernel(MERGE_SPLITS_SIGNATURES)
-def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
+def merge_splits(part_acc, part_m, part_l, step, n_splits, out):
     """out[t, h] = the splits' partial means combined: sum w_i acc_i / sum w_i, w_i =
     l_i e^(m_i - M), over the splits that saw a cell (l_i != EMPTY), M their NaN-propagating
     max; 0 when none saw a cell, NaN when M is not finite (as `tiles.write_rows`). The weights are
@@ -29,6 +32,7 @@ def merge_splits(part_acc, part_m, part_l, width, n_splits, out):
     # out: [>= width, n_heads, head_dim]; one item per (t, h, d), d fastest
     n_heads, head_dim = out.shape[1], out.shape[2]
     row = n_heads * head_dim
+    width = min(step[SCALARS, WIDTH], np.int32(out.shape[0]), np.int32(part_acc.shape[0]))
     for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
         t = i // row
         h = (i - t * row) // head_dim

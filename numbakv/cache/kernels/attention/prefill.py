@@ -27,12 +27,13 @@ from numbakv.cache.kernels.attention.tiles import (
     Q,
     T,
 )
+from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
 
 def signatures(view: str, storage: tuple[str, ...]) -> list[str]:
-    """q, k_pool, v_pool, view, width, scale, out; per storage dtype."""
+    """q, k_pool, v_pool, step, view, scale, out; per storage dtype."""
     return [
-        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {view}, int32, float32, {Q})" for s in storage
+        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {STEP}, {view}, float32, {Q})" for s in storage
     ]
 
 
@@ -63,7 +64,7 @@ def make_prefill(token, flags, load_tile):
     """The prefill kernel over the view that `token` and `flags` read (see `views`), for the
     storage kind `load_tile` reads (`tiles.make_load_tile`)."""
 
-    def attend_prefill(q, k_pool, v_pool, view, width, scale, out):
+    def attend_prefill(q, k_pool, v_pool, step, view, scale, out):
         """Attention of a tile of tokens x heads of one KV group over the cells they see."""
         # q, out: [>= width, n_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
         q_s = cuda.shared.array((PREFILL_ROWS, K_STRIDE), np.float32)
@@ -84,6 +85,7 @@ def make_prefill(token, flags, load_tile):
         n_hb = min(group, PREFILL_ROWS)
         n_tb = PREFILL_ROWS // n_hb  # tokens per block
         n_head_blocks = tiles.n_head_blocks(q.shape[1], k_pool.shape[1], n_hb)
+        width = min(step[SCALARS, WIDTH], np.int32(q.shape[0]), np.int32(out.shape[0]))
         n_token_blocks = (width + n_tb - 1) // n_tb
         for hy in range(cuda.blockIdx.y, n_head_blocks, cuda.gridDim.y):
             kv_head, h0, n_heads_here = tiles.heads_of(hy, group, n_hb)
@@ -91,7 +93,7 @@ def make_prefill(token, flags, load_tile):
                 t0 = tx * n_tb
                 n_tok = min(n_tb, width - t0)
                 for k in range(cuda.threadIdx.x, n_tok, cuda.blockDim.x):
-                    key, lo, hi = token(view, t0 + k)
+                    key, lo, hi = token(view, step, t0 + k)
                     tok_s[T, k] = t0 + k
                     tok_s[KEY, k] = key
                     tok_s[LO, k] = lo

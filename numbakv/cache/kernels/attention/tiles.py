@@ -35,6 +35,7 @@ HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
 K_STRIDE = HEAD_DIM_MAX + 1  # K and q rows padded by one word: no shared bank conflicts
 DECODE_TILE = 32  # cells per K/V tile of the decode kernels
 DECODE_ROWS = 8  # query heads per decode block (a GQA group of up to 8 in one block)
+MIN_SPLIT_CELLS = 2 * DECODE_TILE  # a decode split's cells, at least (when there is more than one)
 PREFILL_TILE = 16  # cells per K/V tile of the prefill kernels
 PREFILL_ROWS = 16  # query rows (tokens x heads) per prefill block
 MAX_TOKENS = PREFILL_ROWS  # tokens per block, at most (one head each)
@@ -72,8 +73,10 @@ def heads_of(hy, group, n_hb):
 
 @device_function
 def split_range(lo, hi, split, n_splits):
-    """[start, end) of split `split` of [lo, hi): n_splits near-equal parts, some maybe empty."""
-    size = (hi - lo + n_splits - 1) // n_splits
+    """[start, end) of split `split` of [lo, hi): near-equal parts of at least MIN_SPLIT_CELLS
+    cells, at most n_splits of them; the splits past those get an empty range."""
+    n_used = min(n_splits, max(1, (hi - lo) // MIN_SPLIT_CELLS))
+    size = (hi - lo + n_used - 1) // n_used
     start = min(hi, lo + split * size)
     return start, min(hi, start + size)
 

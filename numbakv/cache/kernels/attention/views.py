@@ -1,8 +1,10 @@
 """Which cells a token sees: the one place where masked and gathered attention differ.
 
-A view is a tuple of the arrays and scalars a mode reads, and two device functions:
+A view is a tuple of the arrays and scalars a mode reads beside the step buffer
+(`step_buffer`), and two device functions:
 
-    token(view, t) -> (key, lo, hi)   token t reads sweep indices [lo, hi) of sweep `key`
+    token(view, step, t) -> (key, lo, hi)
+                                      token t reads sweep indices [lo, hi) of sweep `key`
                                       (lo == hi: it sees nothing, e.g. a padded row)
     flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows) -> any
                                       for the tile of sweep indices j0 + jj: ok_s[k, jj] = 1
@@ -10,9 +12,9 @@ A view is a tuple of the arrays and scalars a mode reads, and two device functio
                                       its cell if any token sees it, else -1; returns whether
                                       any token of the block sees any cell of the tile
 
-masked   view (mask, read_len): every token sweeps the cells [0, read_len) as key 0 and sees
-         cell c where mask[t, c] == 1; the mask is read at rows < width, columns < read_len.
-gathered view (seq_cells, seq_ids, positions, window): token t of sequence s at position p
+masked   view (mask,): every token sweeps the cells [0, read_len) as key 0 and sees cell c
+         where mask[t, c] == 1; the mask is read at rows < width, columns < read_len.
+gathered view (seq_cells, window): token t of sequence s at position p
          sweeps the positions [max(0, p - W + 1), p + 1) of key s (0 for W = 0) and sees
          cell seq_cells[s, j] (read only inside that range); a cell id outside [0, rows) is
          seen by no one.
@@ -32,32 +34,32 @@ from numbakv.cache.kernels.attention.tiles import (
     load_bfloat16_tile,
     load_float_tile,
 )
+from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS
 from numbakv.cache.kernels.storage import BFLOAT16_STORAGE, FLOAT_STORAGE
 
-MASKED_VIEW = "Tuple((uint8[:, ::1], int32))"  # mask [max_width, capacity], read_len
-GATHERED_VIEW = "Tuple((int32[:, ::1], int32[::1], int32[::1], int32))"  # seq_cells, seq_ids,
-# positions, window
+MASKED_VIEW = "Tuple((uint8[:, ::1],))"  # mask [max_width, capacity]
+GATHERED_VIEW = "Tuple((int32[:, ::1], int32))"  # seq_cells [max_seqs, max_seq_len], window
 
 
 @device_function
-def masked_token(view, t):
-    """Every token sweeps [0, read_len) of key 0."""
-    _, read_len = view
-    return 0, 0, read_len
+def masked_token(view, step, t):
+    """Every token sweeps [0, read_len) of key 0 (never past the mask's columns)."""
+    (mask,) = view
+    return 0, 0, min(step[SCALARS, READ_LEN], np.int32(mask.shape[1]))
 
 
 @device_function
 def masked_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     """Token k sees cell c = j0 + jj inside its [LO, HI) where its mask bit is set."""
     # mask: [max_width, capacity] uint8  ok_s: [tokens, tile] uint8  cell_s: [tile] int32
-    mask, _ = view
+    (mask,) = view
     tile = cell_s.shape[0]
     is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
     for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):
         c = j0 + jj
         is_needed = False
         for k in range(n_tok):
-            sees = tok_s[LO, k] <= c and c < tok_s[HI, k] and mask[tok_s[T, k], c] != 0
+            sees = tok_s[LO, k] <= c and c < tok_s[HI, k] and c < rows and mask[tok_s[T, k], c] != 0
             ok_s[k, jj] = 1 if sees else 0
             is_needed = is_needed or sees
         cell_s[jj] = c if is_needed else -1
@@ -67,10 +69,10 @@ def masked_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
 
 
 @device_function
-def gathered_token(view, t):
+def gathered_token(view, step, t):
     """Token t of sequence s at position p sweeps [window start, p + 1) of key s."""
-    _, seq_ids, positions, window = view
-    seq, p = seq_ids[t], positions[t]
+    _, window = view
+    seq, p = step[SEQ_IDS, t], step[POSITIONS, t]
     if seq < 0:  # padding: an empty range, output 0
         return 0, 0, 0
     lo = max(0, p - window + 1) if window > 0 else 0
@@ -82,7 +84,7 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     """Token k of sequence `key` sees position j = j0 + jj inside its [LO, HI), in cell
     seq_cells[key, j], which is read only when some token needs it."""
     # seq_cells: [max_seqs, max_seq_len] int32  ok_s: [tokens, tile] uint8
-    seq_cells, _, _, _ = view
+    seq_cells, _ = view
     tile = cell_s.shape[0]
     is_any = np.int32(0)  # an int32 predicate: what syncthreads_or takes
     for jj in range(cuda.threadIdx.x, tile, cuda.blockDim.x):

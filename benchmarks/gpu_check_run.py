@@ -1,0 +1,118 @@
+"""What the parts of benchmarks/gpu_check.py share: the sizes of a run (a GPU's or the
+simulator's), the device and its timers, the clock, and the rows of the summary table."""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+LIMIT_S = 480  # the whole run on a GPU
+TOLERANCE = 1e-3  # largest |numbakv - solo oracle| accepted in an attention output
+COLUMNS = ["part", "case", "us", "GB/s", "of copy", "sdpa us", "sdpa err", "err", "result"]
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes of a run: a GPU's, or the simulator's tiny ones."""
+
+    cases: tuple[tuple[int, int], ...]  # attention: (batch, cells each token sees)
+    n_kv_heads: int
+    head_dim: int
+    groups: tuple[int, ...]  # GQA: query heads per KV head
+    chunk: int  # max_width: prefill steps of up to this many tokens
+    piece: int  # tokens of one sequence per prefill step, sequences in turn
+    repeat: int  # timed launches per attention case
+    copy_bytes: int
+    decode_layers: int
+    decode_batch: int
+    decode_history: int  # positions each sequence holds before the timed steps
+    decode_heads: tuple[int, int, int]  # n_kv_heads, n_heads, head_dim
+    decode_warmup: int
+    decode_steps: int
+
+
+GPU_SHAPES = Shapes(
+    cases=((64, 4096), (16, 32768)), n_kv_heads=8, head_dim=128, groups=(8, 4), chunk=4096,
+    piece=512, repeat=20, copy_bytes=1 << 30, decode_layers=32, decode_batch=64,
+    decode_history=256, decode_heads=(8, 32, 64), decode_warmup=5, decode_steps=50,
+)  # fmt: skip
+SIM_SHAPES = Shapes(
+    cases=((2, 64),), n_kv_heads=2, head_dim=16, groups=(4, 2), chunk=32, piece=8, repeat=2,
+    copy_bytes=1 << 16, decode_layers=2, decode_batch=2, decode_history=8,
+    decode_heads=(2, 4, 16), decode_warmup=1, decode_steps=3,
+)  # fmt: skip
+
+
+class Device:
+    """numba.cuda as numbakv chose it (NUMBAKV_DEVICE, set before numba is imported)."""
+
+    def __init__(self):
+        from numbakv.cache import CellCache
+        from numbakv.cache._cuda import IS_SIMULATOR, cuda
+
+        self.cuda, self.is_simulator, self.CellCache = cuda, IS_SIMULATOR, CellCache
+
+    def time_each(self, run, stream, repeat: int) -> float:
+        """Median seconds of one `run()` over `repeat` runs queued back to back on `stream`,
+        a CUDA event before and after each. The simulator's events time nothing (-1), so
+        there: the wall clock around each run, synchronized."""
+        if self.is_simulator:
+            times = []
+            for _ in range(repeat):
+                stream.synchronize()
+                start = time.perf_counter()
+                run()
+                stream.synchronize()
+                times.append(time.perf_counter() - start)
+            return float(np.median(times))
+        stream.synchronize()
+        events = [(self.cuda.event(), self.cuda.event()) for _ in range(repeat)]
+        for start, end in events:
+            start.record(stream)
+            run()
+            end.record(stream)
+        events[-1][1].synchronize()
+        return float(np.median([start.elapsed_time(end) / 1e3 for start, end in events]))
+
+    def elapsed(self, start, end, wall: float) -> float:
+        """Seconds between two recorded events; `wall` in the simulator."""
+        return wall if self.is_simulator else start.elapsed_time(end) / 1e3
+
+
+@dataclass
+class Run:
+    """What the parts share: the sizes, the device, the clock, and the table's rows."""
+
+    is_sim: bool
+    shapes: Shapes
+    started: float = field(default_factory=time.perf_counter)
+    rows: list[list[str]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    copy_bandwidth: float | None = None  # bytes per second, from the copy part
+    torch: object = "torch: not looked for"  # the module when it has CUDA, else why not
+    _device: Device | None = None
+
+    @property
+    def device(self) -> Device:
+        if self._device is None:
+            self._device = Device()
+        return self._device
+
+    def time_left(self) -> float:
+        return LIMIT_S - (time.perf_counter() - self.started)
+
+    def add(self, part: str, case: str, result: str = "ok", **cells: str) -> None:
+        """One row of the table; cells not given print as '-'."""
+        values = {"part": part, "case": case, "result": result, **cells}
+        self.rows.append([_cell(values.get(column, "-")) for column in COLUMNS])
+
+    @property
+    def failed(self) -> list[str]:
+        return sorted({row[0] for row in self.rows if row[-1].startswith("FAIL")})
+
+
+def _cell(value) -> str:
+    """A table cell: one line, single spaces (the table's columns are split at two)."""
+    return " ".join(str(value).split())[:90] or "-"

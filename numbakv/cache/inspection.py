@@ -1,0 +1,63 @@
+"""Host copies of the device cache's state, for tests and debugging: each copies
+capacity-sized arrays back and waits for the stream in use."""
+
+import numpy as np
+
+from numbakv.checks import check_layer
+from numbakv.observe import locked
+
+
+class Inspection:
+    """The device cache's debugging queries (a part of `CellCache`)."""
+
+    def _to_host(self, *arrays) -> tuple[np.ndarray, ...]:
+        """Host copies of device `arrays`, copied on the stream in use, then waited for."""
+        stream = self._streams.current
+        copies = tuple(array.copy_to_host(stream=stream) for array in arrays)
+        stream.synchronize()
+        return copies
+
+    @locked
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless the host table keeps SPEC §2's invariants and the
+        device mirror (cell_pos, cell_owners, each live sequence's seq_cells row) equals it.
+        Copies capacity-sized arrays back: for tests and debugging."""
+        self._table.check_invariants()
+        snap = self.snapshot()
+        cell_pos, cell_owners = self.mirror()
+        rows, lengths = self.seq_table()
+        mirrored = (
+            np.array_equal(cell_pos[: snap.read_len], snap.pos)
+            and not (cell_pos[snap.read_len :] >= 0).any()
+            and np.array_equal(cell_owners[: snap.read_len], snap.owners)
+            and not cell_owners[snap.read_len :].any()
+        )
+        if not mirrored:
+            raise AssertionError("device mirror invariant broken: cell_pos/cell_owners differ")
+        for seq in range(self.config.max_seqs):
+            cells = self._table.cells_of(seq)
+            if lengths[seq] != len(cells) or not np.array_equal(rows[seq, : len(cells)], cells):
+                raise AssertionError(f"device mirror invariant broken: seq_cells of {seq}")
+
+    @locked
+    def mirror(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
+        [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
+        return self._to_host(self._buffers.cell_pos, self._buffers.cell_owners)
+
+    @locked
+    def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
+        (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
+        return self._to_host(self._buffers.seq_cells, self._buffers.seq_len)
+
+    @locked
+    def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim] of the storage
+        dtype (uint16 bit patterns for bfloat16)."""
+        layer = check_layer(layer, self.config.n_layers)
+        if self._pool.rows == 0:
+            shape = (0, self.config.n_kv_heads, self.config.head_dim)
+            empty = np.zeros(shape, self.config.storage_dtype)
+            return empty, empty.copy()
+        return self._to_host(self._pool.k[layer], self._pool.v[layer])

@@ -1,0 +1,49 @@
+"""`Plans`: the device cache's attention plans and decode workspaces, each made once.
+
+A plan depends on the config and the step's width only (`attention.plan_attention`), so a
+cache keeps one per (mode, width, n_heads, window) and every layer of every later step of
+that shape just launches it; the decode kernels' split scratch is one per n_heads.
+"""
+
+from numbakv.cache.kernels import attention
+from numbakv.config import CacheConfig
+
+
+class Plans:
+    """Attention plans by (mode, width, n_heads, window), and workspaces by n_heads."""
+
+    def __init__(self, config: CacheConfig, kind: str):
+        self.config = config
+        self.kind = kind  # the pool's storage kind: which kernels run
+        self._plans: dict[tuple[str, int, int, int], attention.AttentionPlan] = {}
+        self._workspaces: dict[int, tuple] = {}
+
+    def plan(self, mode: str, width: int, n_heads: int, window: int) -> attention.AttentionPlan:
+        """The plan of steps of this shape; a token reads at most capacity cells (masked) or
+        its window's or max_seq_len's (gathered)."""
+        key = (mode, width, n_heads, window if mode == "gathered" else 0)  # masked: any window
+        if key not in self._plans:
+            cfg = self.config
+            if mode == "masked":
+                max_len = cfg.capacity
+            else:
+                max_len = min(window, cfg.max_seq_len) if window else cfg.max_seq_len
+            self._plans[key] = attention.plan_attention(
+                mode, self.kind, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len
+            )
+        return self._plans[key]
+
+    def workspaces(self) -> list[tuple[int, tuple]]:
+        """(n_heads, workspace) of every workspace made so far; they never move."""
+        return sorted(self._workspaces.items())
+
+    def workspace(self, n_heads: int, stream) -> tuple:
+        """The decode kernels' split scratch for `n_heads` query heads, for the widest step
+        that runs them (`attention.decode_width_limit`)."""
+        if n_heads not in self._workspaces:
+            cfg = self.config
+            rows = attention.decode_width_limit(cfg.max_width, n_heads, cfg.n_kv_heads)
+            self._workspaces[n_heads] = attention.split_workspace(
+                rows, n_heads, cfg.head_dim, stream=stream
+            )
+        return self._workspaces[n_heads]
