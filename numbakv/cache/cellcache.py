@@ -5,8 +5,7 @@ on the device, and numba.cuda kernels for placement, the table mirror, masks and
 import numpy as np
 
 from numbakv.cache import inputs
-from numbakv.cache._cuda import cuda, device_address
-from numbakv.cache.bindings import Bindings, check_bindings
+from numbakv.cache._cuda import cuda
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
@@ -195,7 +194,11 @@ class CellCache(Observable, Inspection):
         use. Otherwise the first decode-shaped `attend` with them makes it; reserve first
         when no step may allocate (a step to be captured)."""
         n_heads = as_int("n_heads", n_heads, StepError)
-        check_query((1, n_heads, self.config.head_dim), 1, self.config)
+        if n_heads < 1 or n_heads % self.config.n_kv_heads:
+            raise StepError(
+                f"n_heads={n_heads} is not a positive multiple of "
+                f"n_kv_heads={self.config.n_kv_heads}"
+            )
         self._plans.workspace(n_heads, self._streams.current)
 
     @locked
@@ -374,29 +377,6 @@ class CellCache(Observable, Inspection):
     def stream(self):
         """The numba stream in use: the last step's, or the cache's own before any step."""
         return self._streams.current
-
-    @locked
-    def bindings(self) -> Bindings:
-        """What a recorded launch or captured step depends on: the pool's generation and the
-        device addresses of the K/V arrays, the fixed buffers and the decode workspaces
-        (SPEC §4)."""
-        pool = self._pool
-        arrays = [a for pair in zip(pool.k, pool.v, strict=True) for a in pair]
-        return Bindings(
-            generation=pool.generation,
-            rows=pool.rows,
-            pool=tuple(0 if a is None else device_address(a) for a in arrays),
-            fixed=tuple((name, device_address(a)) for name, a in self._buffers.all().items()),
-            workspaces=tuple(
-                (n_heads, device_address(ws[0])) for n_heads, ws in self._plans.workspaces()
-            ),
-        )
-
-    @locked
-    def check_bindings(self, bindings: Bindings) -> None:
-        """Raises BindingError naming what moved since `bindings` were taken (the pool grew:
-        re-record the step), or when they are another cache's; else returns None."""
-        check_bindings(bindings, self.bindings())
 
     @locked
     def snapshot(self) -> Snapshot:

@@ -1,14 +1,40 @@
-"""Host copies of the device cache's state, for tests and debugging: each copies
-capacity-sized arrays back and waits for the stream in use."""
+"""What the device cache tells of its device state: the bindings a recorded step depends
+on, and host copies for tests and debugging (each copies capacity-sized arrays back and
+waits for the stream in use)."""
 
 import numpy as np
 
+from numbakv.cache._cuda import device_address
+from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.checks import check_layer
 from numbakv.observe import locked
 
 
 class Inspection:
-    """The device cache's debugging queries (a part of `CellCache`)."""
+    """The device cache's bindings and debugging queries (a part of `CellCache`)."""
+
+    @locked
+    def bindings(self) -> Bindings:
+        """What a recorded launch or captured step depends on: the pool's generation and the
+        device addresses of the K/V arrays, the fixed buffers and the decode workspaces
+        (SPEC §4)."""
+        pool = self._pool
+        arrays = [a for pair in zip(pool.k, pool.v, strict=True) for a in pair]
+        return Bindings(
+            generation=pool.generation,
+            rows=pool.rows,
+            pool=tuple(0 if a is None else device_address(a) for a in arrays),
+            fixed=tuple((name, device_address(a)) for name, a in self._buffers.all().items()),
+            workspaces=tuple(
+                (n_heads, device_address(ws[0])) for n_heads, ws in self._plans.workspaces()
+            ),
+        )
+
+    @locked
+    def check_bindings(self, bindings: Bindings) -> None:
+        """Raises BindingError naming what moved since `bindings` were taken (the pool grew:
+        re-record the step), or when they are another cache's; else returns None."""
+        check_bindings(bindings, self.bindings())
 
     def _to_host(self, *arrays) -> tuple[np.ndarray, ...]:
         """Host copies of device `arrays`, copied on the stream in use, then waited for."""

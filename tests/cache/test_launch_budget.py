@@ -351,6 +351,6 @@ def test_reserve_makes_the_workspace_so_the_first_decode_attend_allocates_nothin
         with counting.count_device_calls() as calls:
             cache.attend(0, q, out=out)
         assert calls["allocations"] == (0 if reserved else 3)
-    for bad in (3, 0, True, 2.0):
-        with pytest.raises(StepError):
+    for bad, named in ((3, "n_heads=3"), (0, "n_heads=0"), (True, "n_heads"), (2.0, "n_heads")):
+        with pytest.raises(StepError, match=named):
             cache.reserve(bad)
