@@ -10,8 +10,9 @@ the lock, the checks, the staging slot, the placement, the `Step`, the observers
 The device calls (the upload, the preparation launch, the verbs' kernels) are replaced by
 no-ops while timing, so that the figures are the host's alone, also on the simulator; a
 GPU's launch and copy add their own cost (about 6-30 µs per numba launch), which
-`benchmarks/gpu_check.py` measures. Median µs over `--repeat` consecutive decode steps;
-when the sequences run out of room, untimed, they are rewound to where they started.
+`benchmarks/gpu_check.py` measures. Median µs over `--repeat` consecutive decode steps
+(the three cases take turns over `--rounds` rounds: the median and the best round); when
+the sequences run out of room, untimed, they are rewound to where they started.
 Prints figures, asserts nothing.
 """
 
@@ -98,23 +99,31 @@ def median_us(cache: CellCache, ids, seqs: list[int], repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, 16 Ki only")
-    parser.add_argument("--repeat", type=int, default=501)
+    parser.add_argument("--repeat", type=int, default=201, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    repeat = 51 if args.quick else args.repeat
+    repeat, rounds = (51, 1) if args.quick else (args.repeat, args.rounds)
     print("numbakv device cache: host µs of declare_step + prepare_step (device calls no-ops)")
     print_machine("numba")
-    print(f"{'capacity':>9} {'used':>8} {'array µs':>9} {'list µs':>8}")
-    for capacity, history in CASES[:1] if args.quick else CASES:
-        with host_only():
-            cache, seqs = build(capacity, history)
-            as_array = np.array(seqs, np.int32)
-            median_us(cache, as_array, seqs, 5)  # warm the njit functions
-            gc.disable()
-            array_us = median_us(cache, as_array, seqs, repeat)
-            list_us = median_us(cache, list(seqs), seqs, repeat)
-            gc.enable()
-        used = cache.used_cells
-        print(f"{cells_label(capacity):>9} {used:>8} {array_us:>9.1f} {list_us:>8.1f}")
+    print(f"median of {repeat} steps per round; the median and the best of {rounds} rounds")
+    print("(the cases take turns; a shared VM drifts 2x over seconds)\n")
+    print(f"{'capacity':>9} {'used':>8} {'array µs':>14} {'list µs':>14}")
+    with host_only():
+        caches = [build(capacity, history) for capacity, history in CASES[: 1 if args.quick else 3]]
+        figures = [([], []) for _ in caches]
+        for cache, seqs in caches:
+            median_us(cache, np.array(seqs, np.int32), seqs, 5)  # warm the njit functions
+        gc.disable()
+        for _ in range(rounds):
+            for (cache, seqs), (as_array, as_list) in zip(caches, figures, strict=True):
+                as_array.append(median_us(cache, np.array(seqs, np.int32), seqs, repeat))
+                as_list.append(median_us(cache, list(seqs), seqs, repeat))
+        gc.enable()
+    for (cache, _), runs in zip(caches, figures, strict=True):
+        cells = [f"{statistics.median(r):6.1f} ({min(r):5.1f})" for r in runs]
+        print(
+            f"{cells_label(cache.capacity):>9} {cache.used_cells:>8} {cells[0]:>14} {cells[1]:>14}"
+        )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,7 @@ class Bench:
         self.id_list = self.ids.tolist()
 
     def place(self, seq_ids: np.ndarray) -> None:
-        n = len(seq_ids)
-        self.table.place(seq_ids, self.buffer[0, :n], self.buffer[1, :n])
+        self.table.place(seq_ids, self.buffer)
 
     def checked_place(self, seq_ids) -> None:
         """declare_step's check, then prepare_step's placement."""

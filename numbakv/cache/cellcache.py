@@ -9,7 +9,7 @@ from numbakv.cache._cuda import cuda
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
-from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, READ_LEN, SCALARS, SEQ_IDS, WIDTH
+from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
 from numbakv.cache.step import Step
@@ -171,8 +171,7 @@ class CellCache(Observable, Inspection):
             raise
         b = self._buffers
         staged = b.stage()
-        table.place(seq_ids, staged[CELLS, :n], staged[POSITIONS, :n])
-        staged[SEQ_IDS, :n] = seq_ids
+        table.place(seq_ids, staged)  # its rows 0, 1, 2 of [0, n): CELLS, POSITIONS, SEQ_IDS
         if width > n:
             staged[:SCALARS, n:width] = -1
         read_len = table.read_len

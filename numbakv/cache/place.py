@@ -33,21 +33,24 @@ READ_LEN, USED, ARENA = 0, 1, 2  # slots of `meta`, updated in place; the arena'
 # not cached (cache=True): numba's cache notices changes to this file only, and both
 # kernels call into bittree and arena
 @numba.njit
-def place(seq_ids, cells, positions, pos, owners, n_owners, trees, offs, meta, cell_arena, seg):
-    """Places token t of sequence seq_ids[t] in cells[t] at positions[t] (outputs, [n] int32):
+def place(seq_ids, rows, pos, owners, n_owners, trees, offs, meta, cell_arena, seg):
+    """Places token t of sequence seq_ids[t]: rows[0, t] its cell, rows[1, t] its position,
+    rows[2, t] = seq_ids[t] (rows: [>= 3, >= n] int32, a step buffer's first three rows);
     `bittree.lowest_set_bits` of the free cells, then `claim`.
 
-    Returns 0 once placed; -1, with nothing changed, when n > free cells or an output is not
-    [n]; else the arena words still missing, with nothing placed (the caller compacts the
-    arena and calls again).
+    Returns 0 once placed; -1, with nothing changed, when n > free cells or `rows` is too
+    small; else the arena words still missing, with nothing placed (the caller compacts
+    the arena and calls again).
     """
     n = len(seq_ids)
-    if n > len(pos) - meta[USED] or len(cells) != n or len(positions) != n:
+    if n > len(pos) - meta[USED] or rows.shape[0] < 3 or rows.shape[1] < n:
         return -1
     short = arena.reserve_room(cell_arena, seg, meta[ARENA:], seq_ids)
     if short == 0:
+        cells, positions, ids = rows[0, :n], rows[1, :n], rows[2, :n]
+        ids[:] = seq_ids  # may be the same memory: then this writes what is there
         lowest_set_bits_into(trees[FREE], offs, cells)
-        claim(cells, positions, seq_ids, pos, owners, n_owners, trees, offs, meta, cell_arena, seg)
+        claim(cells, positions, ids, pos, owners, n_owners, trees, offs, meta, cell_arena, seg)
     return short
 
 

@@ -224,22 +224,22 @@ class HostTable:
         place.claim(cells, positions, seq_ids, *self._arrays, segments.arena, segments.seg)
         return positions
 
-    def place(self, seq_ids: np.ndarray, cells: np.ndarray, positions: np.ndarray) -> None:
-        """`find_cells` then `claim` in one njit call: a step's whole placement on the host.
+    def place(self, seq_ids: np.ndarray, rows: np.ndarray) -> None:
+        """`find_cells` then `claim` in one njit call: a step's whole placement on the host,
+        written where the step buffer wants it.
 
-        seq_ids   : [n] int32, C-contiguous live ids (checked by the caller)
-        cells     : [n] int32, written: token t's cell, the n lowest free cells ascending
-        positions : [n] int32, written: token t's position
+        seq_ids : [n] int32, C-contiguous live ids (checked by the caller)
+        rows    : [>= 3, >= n] int32, C-contiguous; written: rows[0, :n] the tokens' cells
+                  (the n lowest free cells, ascending), rows[1, :n] their positions,
+                  rows[2, :n] the ids; nothing else
 
-        CapacityError (ValueError when an output is not [n]), before anything changes, when
+        CapacityError (ValueError when `rows` is too small), before anything changes, when
         n > free_cells. The arena compacts (a Python call, then the kernel again) only when
-        it lacks room for the segments; outputs may be views of a preallocated buffer.
+        it lacks room for the segments.
         """
         segments = self._segments
         while True:
-            short = place.place(
-                seq_ids, cells, positions, *self._arrays, segments.arena, segments.seg
-            )
+            short = place.place(seq_ids, rows, *self._arrays, segments.arena, segments.seg)
             if short <= 0:
                 break
             segments._compact(short)  # a new arena: the kernel runs again with it
@@ -247,7 +247,7 @@ class HostTable:
             n = len(seq_ids)
             if n > self.free_cells:
                 raise CapacityError(f"place() of {n} tokens with only {self.free_cells} free cells")
-            raise ValueError(f"place(): {n} ids, {len(cells)} cells, {len(positions)} positions")
+            raise ValueError(f"place(): {n} ids into rows of shape {rows.shape}")
 
     # -- invariants ------------------------------------------------------------
 

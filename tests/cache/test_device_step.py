@@ -8,6 +8,7 @@ from test_device_cache import ForeignStream, foreign_stream
 
 import numbakv
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.kernels import step_buffer
 from numbakv.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache
 
@@ -208,3 +209,9 @@ def test_returned_arrays_carry_the_step_stream():
     assert out.stream is mine
     if not IS_SIMULATOR:
         assert out.__cuda_array_interface__["stream"] == int(mine)
+
+
+def test_the_host_table_places_into_the_step_buffer_rows():
+    # HostTable.place writes a step's cells, positions and ids into rows 0, 1, 2 of the
+    # pinned slot: the step buffer's layout must keep them there
+    assert (step_buffer.CELLS, step_buffer.POSITIONS, step_buffer.SEQ_IDS) == (0, 1, 2)

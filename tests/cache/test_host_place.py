@@ -30,10 +30,10 @@ from table_pair import assert_same, config, step
 def placed(table: HostTable, seq_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(cells, positions) of `place`, written into views of one buffer, as a step's are."""
     n = len(seq_ids)
-    buffer = np.full((3, n + 2), -7, dtype=np.int32)
-    buffer[2, :n] = seq_ids
-    table.place(buffer[2, :n], buffer[0, :n], buffer[1, :n])
-    assert (buffer[:2, n:] == -7).all()  # nothing written past the views
+    buffer = np.full((4, n + 2), -7, dtype=np.int32)
+    table.place(np.array(seq_ids, np.int32), buffer)
+    assert buffer[2, :n].tolist() == list(seq_ids)
+    assert (buffer[:, n:] == -7).all() and (buffer[3] == -7).all()  # nothing else written
     return buffer[0, :n].copy(), buffer[1, :n].copy()
 
 
@@ -162,11 +162,12 @@ def test_place_refusals_change_nothing():
     placed(host, [a] * 6)
     before = host.snapshot(rows=0), host._segments.seg.copy(), host._segments.arena.copy()
     ids = np.full(3, a, dtype=np.int32)
-    out = np.zeros(3, dtype=np.int32)
     with pytest.raises(CapacityError, match="3 tokens with only 2 free cells"):
-        host.place(ids, out, out.copy())
-    with pytest.raises(ValueError, match="2 ids, 3 cells"):
-        host.place(ids[:2], out, out[:2].copy())
+        host.place(ids, np.zeros((3, 3), np.int32))
+    with pytest.raises(ValueError, match=r"2 ids into rows of shape \(3, 1\)"):
+        host.place(ids[:2], np.zeros((3, 1), np.int32))
+    with pytest.raises(ValueError, match=r"rows of shape \(2, 4\)"):
+        host.place(ids[:2], np.zeros((2, 4), np.int32))
     after = host.snapshot(rows=0), host._segments.seg.copy(), host._segments.arena.copy()
     assert after[0] == before[0]
     np.testing.assert_array_equal(after[1], before[1])
