@@ -34,6 +34,7 @@ from numbakv import errors
         "numbakv.serve.protocol",
         "numbakv.serve.engine",
         "numbakv.serve.lockstep",
+        "numbakv.testing",
     ],
 )
 def test_import_does_not_import_numba(module, tmp_path):
