@@ -103,7 +103,12 @@ def time_kernel(run, repeat: int) -> float:
 
 def gpu_times(table, cfg, seq_ids, positions, window, repeat):
     """{mode: seconds} of the two modes' planned launches (and torch SDPA when available)."""
-    from numbakv.cache.kernels.attention import plan_attention, run_attention, split_workspace
+    from numbakv.cache.kernels.attention import (
+        gathered_max_len,
+        plan_attention,
+        run_attention,
+        split_workspace,
+    )
     from numbakv.cache.kernels.masks import launch_write_masks
     from numbakv.cache.kernels.step_buffer import host_step
 
@@ -134,7 +139,7 @@ def gpu_times(table, cfg, seq_ids, positions, window, repeat):
     seq_cells_d = cuda.to_device(seq_cells)
     # planned as the device cache plans: a token reads at most capacity cells (masked), or
     # its window's or max_seq_len's (gathered)
-    gathered_len = min(window, cfg.max_seq_len) if window else cfg.max_seq_len
+    gathered_len = gathered_max_len(window, cfg.max_seq_len)
     shape = (width, N_HEADS, N_KV_HEADS, HEAD_DIM)
     runs = {
         "masked": (plan_attention("masked", "float", *shape, cfg.capacity), (mask,)),

@@ -163,9 +163,9 @@ class CellCache(Observable, Inspection):
         previous = self._streams.current
         stream = self._streams.use(stream)
         table = self._table
+        read_len = table.read_len
         try:
-            required = min(self.config.capacity, table.read_len + n)
-            self._pool.grow_to(required, table.read_len, stream)
+            self._pool.grow_to(min(self.config.capacity, read_len + n), read_len, stream)
         except AllocationError:
             self._streams.use(previous)
             raise
@@ -262,12 +262,12 @@ class CellCache(Observable, Inspection):
                 mask (the seed design), written by the step's first masked attend. Both
                 equal the reference's attend.
         out   : a C-contiguous float32 device array [width, n_heads, head_dim] to write
-                into and return; default a new one (allocated on the step's stream). Either
-                way it exposes `__cuda_array_interface__` with the step's stream, so
+                into (a numba view of it is returned); default a new one, allocated on the
+                step's stream, whose `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
         Rows that see no cell (padding) give 0; NaN and inf in what a token sees give what
         the reference gives. Requires `write(layer, ...)` in this step. The launches are
-        planned once per (width, n_heads, window, mode) and read the step from the device.
+        planned once per step shape (`Plans`) and read the step from the device.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)

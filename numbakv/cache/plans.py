@@ -27,7 +27,7 @@ class Plans:
             if mode == "masked":
                 max_len = cfg.capacity
             else:
-                max_len = min(window, cfg.max_seq_len) if window else cfg.max_seq_len
+                max_len = attention.gathered_max_len(window, cfg.max_seq_len)
             self._plans[key] = attention.plan_attention(
                 mode, self.kind, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len
             )

@@ -74,6 +74,11 @@ def choose_splits(max_len: int, n_blocks: int) -> int:
     return max(1, min(MAX_SPLITS, by_len, wanted))
 
 
+def gathered_max_len(window: int, max_seq_len: int) -> int:
+    """The most cells a gathered token reads: its window, at most max_seq_len (0: global)."""
+    return min(window, max_seq_len) if window > 0 else max_seq_len
+
+
 def is_decode_shape(width: int, n_heads: int, n_kv_heads: int) -> bool:
     """True when a step of `width` tokens runs the decode (split) kernels: width <=
     DECODE_MAX_WIDTH or, on a GPU, a prefill grid smaller than the multiprocessor count."""
@@ -90,9 +95,8 @@ def decode_width_limit(max_width: int, n_heads: int, n_kv_heads: int) -> int:
     workspace needs."""
     if IS_SIMULATOR:
         return min(max_width, DECODE_MAX_WIDTH)
-    tokens_per_block = PREFILL_ROWS // min(n_heads // n_kv_heads, PREFILL_ROWS)
     head_blocks = _head_blocks(n_heads, n_kv_heads, PREFILL_ROWS)
-    widest = tokens_per_block * ((n_sms() - 1) // head_blocks)
+    widest = _prefill_tokens_per_block(n_heads, n_kv_heads) * ((n_sms() - 1) // head_blocks)
     return min(max_width, max(DECODE_MAX_WIDTH, widest))
 
 
@@ -209,7 +213,7 @@ def launch_attend_gathered(
     if window < 0:
         raise ValueError(f"window={window} must be 0 (global) or positive")
     if max_len is None:
-        max_len = min(window, seq_cells.shape[1]) if window > 0 else seq_cells.shape[1]
+        max_len = gathered_max_len(window, seq_cells.shape[1])
     view = (seq_cells, np.int32(window))
     shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=max_len)
     _launch("gathered", view, q, k_pool, v_pool, step, width, scale, out, stream, **shape)
@@ -235,8 +239,13 @@ def _launch(
 
 def _prefill_blocks(width: int, n_heads: int, n_kv_heads: int) -> tuple[int, int]:
     """(token blocks, head blocks) of a prefill launch, before any cap."""
-    tokens_per_block = PREFILL_ROWS // min(n_heads // n_kv_heads, PREFILL_ROWS)
+    tokens_per_block = _prefill_tokens_per_block(n_heads, n_kv_heads)
     return -(-width // tokens_per_block), _head_blocks(n_heads, n_kv_heads, PREFILL_ROWS)
+
+
+def _prefill_tokens_per_block(n_heads: int, n_kv_heads: int) -> int:
+    """Tokens of one prefill block: PREFILL_ROWS query rows of one KV group's heads."""
+    return PREFILL_ROWS // min(n_heads // n_kv_heads, PREFILL_ROWS)
 
 
 def _head_blocks(n_heads: int, n_kv_heads: int, rows: int) -> int:
