@@ -20,6 +20,10 @@ when any part failed. The parts, in the order they run:
                   (declare_step, prepare_step, then write + attend per layer): the host's
                   wall clock until the last launch returns, CUDA events over the step, and
                   the wall clock to a synchronize
+    model graphs  decode steps of a 32-layer device-resident model (`DeviceModel`) at batch
+                  1, 16 and 64: µs per step (declare, prepare, stage, launches, logits
+                  back) eager and replayed from one captured step (a CUDA graph), whose
+                  logits must equal the eager ones bit for bit
     launch budget benchmarks/launch_budget.py --check, on the simulator, where it exists
     device tests  pytest tests/cache tests/contract with NUMBAKV_DEVICE=gpu, in the time left
 
@@ -37,6 +41,7 @@ import traceback
 from gpu_check_attention import part_attention, part_copy
 from gpu_check_commands import part_device_tests, part_launch_budget
 from gpu_check_decode import part_decode_step
+from gpu_check_model import part_model_graphs
 from gpu_check_run import COLUMNS, GPU_SHAPES, LIMIT_S, ROOT, SIM_SHAPES, TOLERANCE, Run
 from gpu_check_versions import part_versions
 from report import print_table
@@ -48,6 +53,7 @@ PARTS = {
     "copy": part_copy,
     "attention": part_attention,
     "decode step": part_decode_step,
+    "model graphs": part_model_graphs,
     "launch budget": part_launch_budget,
     "device tests": part_device_tests,
 }
@@ -91,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - run.started
     print(f"  seconds: {spent}; total {total:.1f} (limit {LIMIT_S} on a GPU)")
     print(f"  us: median of {run.shapes.repeat} launches (attention), of "
-          f"{run.shapes.decode_steps} steps (decode step); GB/s: K/V bytes the tokens see "
-          "/ time (copy: read + written); of copy: that / the copy's GB/s; masked: the "
-          "step's mask written once before the timed launches; err: max |numbakv - solo "
-          f"oracle| (<= {TOLERANCE}); sdpa err: max |torch (q in float16) - numbakv|")  # fmt: skip
+          f"{run.shapes.decode_steps} steps (decode step, model graphs); GB/s: K/V bytes "
+          "the tokens see / time (copy: read + written); of copy: that / the copy's GB/s; "
+          "masked: the step's mask written once before the timed launches; err: max "
+          f"|numbakv - solo oracle| (<= {TOLERANCE}); sdpa err: max |torch (q in float16) - "
+          "numbakv|")  # fmt: skip
     failed = run.failed
     print(f"  result: {'FAILED: ' + ', '.join(failed) if failed else 'ok'}")
     return 1 if failed else 0

@@ -31,17 +31,24 @@ class Shapes:
     decode_heads: tuple[int, int, int]  # n_kv_heads, n_heads, head_dim
     decode_warmup: int
     decode_steps: int
+    model_layers: int  # the device model's decode steps, eager and replayed
+    model_dims: tuple[int, int, int, int, int]  # d_model, n_heads, n_kv_heads, head_dim, d_ff
+    model_batches: tuple[int, ...]
+    model_history: int
 
 
 GPU_SHAPES = Shapes(
     cases=((64, 4096), (16, 32768)), n_kv_heads=8, head_dim=128, groups=(8, 4), chunk=4096,
     piece=512, repeat=20, copy_bytes=1 << 30, decode_layers=32, decode_batch=64,
     decode_history=256, decode_heads=(8, 32, 64), decode_warmup=5, decode_steps=50,
+    model_layers=32, model_dims=(512, 8, 2, 64, 1408), model_batches=(1, 16, 64),
+    model_history=32,
 )  # fmt: skip
 SIM_SHAPES = Shapes(
     cases=((2, 64),), n_kv_heads=2, head_dim=16, groups=(4, 2), chunk=32, piece=8, repeat=2,
     copy_bytes=1 << 16, decode_layers=2, decode_batch=2, decode_history=8,
-    decode_heads=(2, 4, 16), decode_warmup=1, decode_steps=3,
+    decode_heads=(2, 4, 16), decode_warmup=1, decode_steps=3, model_layers=2,
+    model_dims=(16, 4, 2, 4, 32), model_batches=(1, 2), model_history=3,
 )  # fmt: skip
 
 

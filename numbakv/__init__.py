@@ -1,14 +1,16 @@
 """numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
 
     numbakv.reference  the oracle: the NumPy reference cell cache (no numba)
-    numbakv.cache      the device cell cache: host table, pool, buffers, kernels
+    numbakv.cache      the device cell cache: host table, pool, buffers, kernels, captures
+    numbakv.device_model  the serving model's forward on the device (numba.cuda)
     numbakv.serve      model, sampling, scheduler, executor, engine, lockstep (no numba)
     numbakv.viz        occupancy pictures (no numba)
     numbakv.trace      recording a cache's table over a workload (no numba)
 
 Importing this package imports no numba: names are resolved on first use, so everything
-but the device cache stays numba-free. The first use of `CellCache`, `Step` or
-`device_info` picks the device (`numbakv.cache.device`) and imports numba.cuda.
+but the device cache and the device model stays numba-free. The first use of `CellCache`,
+`Step`, `StepGraph`, `DeviceModel` or `device_info` picks the device
+(`numbakv.cache.device`) and imports numba.cuda.
 """
 
 from importlib import import_module
@@ -16,12 +18,14 @@ from pathlib import Path
 
 from numbakv import _moved
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
     "Step": "numbakv.cache.step",
     "Bindings": "numbakv.cache.bindings",
+    "StepGraph": "numbakv.cache.graph",
+    "DeviceModel": "numbakv.device_model.model",
     "device_info": "numbakv.cache._cuda",
     "CacheConfig": "numbakv.config",
     "Snapshot": "numbakv.snapshot",
@@ -41,8 +45,10 @@ _EXPORTS = {
     "DecodeFirstScheduler": "numbakv.serve.scheduler",
     "Task": "numbakv.serve.scheduler",
     "Executor": "numbakv.serve.executor",
-    "Input": "numbakv.serve.executor",
-    "Output": "numbakv.serve.executor",
+    "Input": "numbakv.serve.batch",
+    "Output": "numbakv.serve.batch",
+    "ForwardCounts": "numbakv.serve.graphs",
+    "EngineMetrics": "numbakv.serve.requests",
     "SessionExecutor": "numbakv.serve.protocol",
     "Engine": "numbakv.serve.engine",
     "Completion": "numbakv.serve.engine",

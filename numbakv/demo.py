@@ -3,9 +3,12 @@
 Six requests arrive over the first steps into an `Engine` over the device cache (the CUDA
 simulator without a GPU): a long prompt chunked through prefill while others decode, a
 request for n = 3 samples sharing its prompt's cells, a request cancelled mid-decode, and
-one that waits for a free session. Every batch also runs on the reference cache
+one that waits for a free session. The model is device-resident (`DeviceModel`: hidden
+state on the device, only the wanted logits come back) and each decode forward replays one
+captured step (a CUDA graph on a GPU, recorded launches on the simulator), recaptured after
+the pool grows. Every batch also runs through the NumPy model on the reference cache
 (`Lockstep`): the tables must be equal, the sampled tokens the same and the logits close.
-Prints the occupancy map at the busiest forward and a summary table.
+Prints the occupancy map at the busiest forward, a summary table and how the forwards ran.
 """
 
 import itertools
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from numbakv.cache import CellCache, device_info
+from numbakv.device_model import DeviceModel
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
@@ -85,14 +89,13 @@ def run(
     """
     check_arguments(seed, columns, trace_path)
     model = Model.from_seed(MODEL, seed)
-    device, reference = (
-        Executor(model, cls(MODEL.cache_config(**CACHE)), MAX_SESSIONS, MAX_SESSION_TOKENS)
-        for cls in (CellCache, ReferenceCache)
-    )
+    cache = CellCache(MODEL.cache_config(**CACHE))
+    device = Executor(DeviceModel(model, cache.config), cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
+    reference_cache = ReferenceCache(MODEL.cache_config(**CACHE))
+    reference = Executor(model, reference_cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
     lockstep = Lockstep(device, reference)
     engine = Engine(lockstep, DecodeFirstScheduler(16, 8, 8))
-    recorder = Recorder(device.cache)
-    cache = device.cache
+    recorder = Recorder(cache)
     print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
              f"against the reference cache at every step")  # fmt: skip
     ids: dict[str, int] = {}
@@ -168,4 +171,10 @@ def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None])
         f"{cache.rows} rows allocated after {cache.growth_count} growths\n"
         f"every step checked against the reference: {lockstep.n_steps} batches, tables equal, "
         f"tokens equal, logits within {lockstep.max_logit_error:.1e} of the largest"
+    )
+    counts = engine.metrics.forwards
+    print_fn(
+        f"decode graphs: {counts.captures} captures ({counts.recaptures} recaptures after the "
+        f"pool grew), {counts.replays} replays, {counts.eager_forwards} eager forwards "
+        f"(prefill, mixed, the first decode at each pool size)"
     )

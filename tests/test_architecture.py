@@ -36,7 +36,9 @@ ALLOWED = (
 )
 # (who, what it must not import); a name matches a prefix when equal or below it
 FORBIDDEN = (
-    ("numbakv.cache", ("numbakv.reference", "numbakv.serve", *ENTRY_POINTS)),
+    ("numbakv.cache", ("numbakv.reference", "numbakv.serve", "numbakv.device_model")),
+    ("numbakv.cache", ENTRY_POINTS),
+    ("numbakv.device_model", ("numbakv.reference", "numbakv.viz", *ENTRY_POINTS)),
     ("numbakv.cache.kernels", CACHE_OBJECTS),
     ("numbakv.viz", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.demo", "numbakv.cli")),
     ("numbakv.trace", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.viz")),

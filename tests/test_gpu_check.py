@@ -64,7 +64,8 @@ def test_it_prints_the_versions_first(sim_run):
 
 def test_every_part_has_a_row(table):
     parts = {row["part"] for row in table}
-    assert parts == {"copy", "attention", "decode step", "launch budget", "device tests"}
+    expected = ("copy", "attention", "decode step", "model graphs", "launch budget")
+    assert parts == {*expected, "device tests"}
     assert all(not row["result"].startswith("FAIL") for row in table)
 
 
@@ -90,6 +91,16 @@ def test_the_copy_and_the_decode_step_are_timed(table):
     assert all(float(row["us"]) > 0 and row["result"] == "ok" for row in decode)
     host, per_layer = (float(row["us"]) for row in decode[:2])
     assert per_layer == pytest.approx(host / 2, rel=1e-3)  # 2 layers in the simulator
+
+
+def test_the_device_model_is_timed_eager_and_replayed(table):
+    # the simulator's shapes: batches 1 and 2 of a 2-layer model; replayed == eager checked
+    rows = rows_of(table, "model graphs")
+    cases = [row["case"] for row in rows]
+    assert cases == [f"batch {b}, 2 layers, {what}" for b in (1, 2) for what in
+                     ("eager", "replayed (recorded launches)", "eager / replayed")]  # fmt: skip
+    assert all(float(row["us"]) > 0 for row in rows[0::3] + rows[1::3])
+    assert all(re.fullmatch(r"ok: \d+\.\d\dx", row["result"]) for row in rows[2::3])
 
 
 def test_the_device_tests_are_left_to_the_suite_in_the_simulator(table):

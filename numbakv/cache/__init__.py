@@ -14,6 +14,7 @@ _EXPORTS = {
     "default_scale": "numbakv.cache.cellcache",
     "Step": "numbakv.cache.step",
     "Bindings": "numbakv.cache.bindings",
+    "StepGraph": "numbakv.cache.graph",
     "StepBuffers": "numbakv.cache.buffers",
     "DevicePool": "numbakv.cache.pool",
     "device_allocator": "numbakv.cache.pool",

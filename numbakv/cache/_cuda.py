@@ -70,10 +70,58 @@ def _numpy_dtype(dtype):
     return np.dtype(dtype) if isinstance(dtype, (np.dtype, type, str)) else as_dtype(dtype)
 
 
+def _wait_for_simulated_threads() -> None:
+    """Makes the simulator's block runner wait for its threads instead of spinning.
+
+    It polls every thread of a block in a loop holding the GIL, so the threads it waits for
+    run in the gaps; here it joins one of them for POLL_S (the GIL released) between two
+    looks. The rules are the simulator's: when every live thread waits in syncthreads,
+    all are released; a thread's exception aborts the others and is raised.
+    """
+    from numba.cuda.simulator.kernel import BlockManager, BlockThread
+
+    def run(self, grid_point, *args):
+        threads = []
+        for thread_point in np.ndindex(*self._block_dim):
+            thread = BlockThread(lambda: self._f(*args), self, grid_point, thread_point,
+                                 self._debug)  # fmt: skip
+            thread.start()
+            threads.append(thread)
+        live = threads
+        while live:
+            live[-1].join(POLL_S)
+            _raise_first(threads)
+            live = [t for t in live if t.is_alive()]
+            if live and all(t.syncthreads_blocked for t in live):
+                for t in live:
+                    t.syncthreads_blocked = False
+                    t.syncthreads_event.set()
+        _raise_first(threads)
+
+    BlockManager.run = run
+
+
+POLL_S = 1e-4  # the block runner's wait between two looks at its threads
+
+
+def _raise_first(threads) -> None:
+    """Aborts every thread of the block and raises the first exception one of them hit."""
+    failed = next((t for t in threads if t.exception), None)
+    if failed is None:
+        return
+    for t in threads:
+        t.abort = True
+        t.syncthreads_blocked = False
+        t.syncthreads_event.set()
+    error, traceback = failed.exception
+    raise error.with_traceback(traceback)
+
+
 if IS_SIMULATOR:
-    # the simulator busy-polls its threads holding the GIL; switching often is ~5x faster
+    # threads switch often: a simulated block's threads take turns at a fine grain
     sys.setswitchinterval(5e-4)
     _lock_simulated_shared_arrays()
+    _wait_for_simulated_threads()
 
 
 def device_info() -> dict:
@@ -105,3 +153,26 @@ def device_address(array) -> int:
     if IS_SIMULATOR:
         return array._ary.__array_interface__["data"][0]
     return array.__cuda_array_interface__["data"][0]
+
+
+def stream_handle(stream) -> int:
+    """The raw handle of a numba stream (0, 1, 2: the default streams)."""
+    return 0 if IS_SIMULATOR else int(stream.__cuda_stream__()[1])
+
+
+def begin_graph(stream):
+    """A cuda.core GraphBuilder capturing `stream` (a numba stream, not a default one), begun
+    in thread-local mode: an allocation or synchronous copy in this thread while it builds
+    fails the capture instead of running outside the graph."""
+    from cuda.core import Device, Stream
+
+    Device(cuda.get_current_device().id).set_current()
+    builder = Stream.from_handle(stream_handle(stream)).create_graph_builder()
+    return builder.begin_building("thread_local")
+
+
+def launch_graph(graph, stream) -> None:
+    """Launches a completed cuda.core graph on the numba stream `stream`."""
+    from cuda.core import Stream
+
+    graph.launch(Stream.from_handle(stream_handle(stream)))

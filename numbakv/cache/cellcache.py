@@ -7,6 +7,7 @@ import numpy as np
 from numbakv.cache import inputs
 from numbakv.cache._cuda import cuda
 from numbakv.cache.buffers import StepBuffers
+from numbakv.cache.graph import Capture, not_while_capturing
 from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
 from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
@@ -31,7 +32,7 @@ from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
 
 
-class CellCache(Observable, Inspection):
+class CellCache(Observable, Inspection, Capture):
     """Several sequences sharing one pool of per-token cells, K/V on the device.
 
     The same API, placement and errors as `numbakv.reference.CellCache`, which is written
@@ -79,11 +80,13 @@ class CellCache(Observable, Inspection):
     # -- table verbs: the host table decides, a kernel updates the mirror ------
 
     @locked
+    @not_while_capturing
     def seq_new(self) -> int:
         """Reserves the lowest free sequence id; the sequence is live and empty."""
         return self._notify("seq_new", result=self._table.seq_new())
 
     @locked
+    @not_while_capturing
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s cells with position < upto (default pos(src))."""
         src = self._table.check_live(src)
@@ -94,6 +97,7 @@ class CellCache(Observable, Inspection):
         return self._table_changed("seq_clone", seq)
 
     @locked
+    @not_while_capturing
     def seq_rm(self, seq: int) -> None:
         """Releases `seq`: clears its bit everywhere and frees the cells left unowned."""
         seq = self._table.check_live(seq)
@@ -101,6 +105,7 @@ class CellCache(Observable, Inspection):
         self._table_changed("seq_rm")
 
     @locked
+    @not_while_capturing
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         seq = self._table.check_live(seq)
@@ -108,6 +113,7 @@ class CellCache(Observable, Inspection):
         self._table_changed("rewind")
 
     @locked
+    @not_while_capturing
     def clear(self) -> None:
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
@@ -128,6 +134,7 @@ class CellCache(Observable, Inspection):
     # -- the step (SPEC §3) ----------------------------------------------------
 
     @locked
+    @not_while_capturing
     def declare_step(self, seq_ids) -> None:
         """Records the next step's tokens: one live sequence id per token, in order."""
         self._declared = check_declaration(self._table, self.config, seq_ids)
@@ -135,6 +142,7 @@ class CellCache(Observable, Inspection):
         self._notify("declare_step")
 
     @locked
+    @not_while_capturing
     def prepare_step(self, width: int | None = None, *, stream=None) -> Step:
         """Grows the pool, places the declared tokens and uploads the step buffer.
 
@@ -187,6 +195,7 @@ class CellCache(Observable, Inspection):
         return self._notify("prepare_step", self._step, self._step)
 
     @locked
+    @not_while_capturing
     def reserve(self, n_heads: int) -> None:
         """Makes now what attention with `n_heads` query heads (a positive multiple of
         n_kv_heads) allocates once: the decode kernels' split workspace, on the stream in
@@ -201,6 +210,7 @@ class CellCache(Observable, Inspection):
         self._plans.workspace(n_heads, self._streams.current)
 
     @locked
+    @not_while_capturing
     def _read_mask(self, window: int) -> np.ndarray:
         """The current step's [width, read_len] mask of `window`, a host copy (the masks are
         written first if the step has not yet)."""
@@ -240,7 +250,7 @@ class CellCache(Observable, Inspection):
         k, v = (inputs.floats(name, x, inputs.KV_DTYPES) for name, x in (("k", k), ("v", v)))
         check_shape("k", k.shape, shape)
         check_shape("v", v.shape, shape)
-        k, v = inputs.on_device([k, v], inputs.KV_DTYPES, step.stream)
+        k, v = inputs.on_device([k, v], inputs.KV_DTYPES, step.stream, self._in_capture())
         pool = self._pool
         placement.launch_scatter_kv(
             k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream
@@ -279,8 +289,9 @@ class CellCache(Observable, Inspection):
         q = inputs.floats("q", q, inputs.Q_DTYPES)
         n_heads = check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
-        out = inputs.output(out, q.shape, step.stream)
-        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream)
+        capturing = self._in_capture()
+        out = inputs.output(out, q.shape, step.stream, capturing)
+        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
         window = self.config.windows[layer]
         plan = self._plans.plan(mode, step.width, n_heads, window)
         b = self._buffers
@@ -289,7 +300,9 @@ class CellCache(Observable, Inspection):
             view = (b.masks[window],)
         else:
             view = (b.seq_cells, np.int32(window))
-        workspace = self._plans.workspace(n_heads, step.stream) if plan.is_decode else None
+        workspace = None
+        if plan.is_decode:
+            workspace = self._plans.workspace(n_heads, step.stream, capturing)
         attention.run_attention(
             plan, q, self._pool.k[layer], self._pool.v[layer], b.step, view, np.float32(scale),
             out, workspace, step.stream,
@@ -326,46 +339,6 @@ class CellCache(Observable, Inspection):
     def read_len(self) -> int:
         """Every occupied cell lies in [0, read_len)."""
         return self._table.read_len
-
-    @property
-    @locked
-    def used_cells(self) -> int:
-        return self._table.used_cells
-
-    @property
-    @locked
-    def free_cells(self) -> int:
-        return self._table.free_cells
-
-    @property
-    def capacity(self) -> int:
-        return self.config.capacity
-
-    @property
-    @locked
-    def live_seqs(self) -> list[int]:
-        """The live sequence ids, ascending."""
-        return np.flatnonzero(self._table.live).tolist()
-
-    @property
-    def rows(self) -> int:
-        """Cells the pool has allocated (0 before the first step)."""
-        return self._pool.rows
-
-    @property
-    def growth_count(self) -> int:
-        """Times the pool grew after its first allocation."""
-        return self._pool.growth_count
-
-    @property
-    def generation(self) -> int:
-        """Changes exactly when storage moves: the first allocation and every growth."""
-        return self._pool.generation
-
-    @property
-    def allocated_bytes(self) -> int:
-        """Bytes of K and V storage over all layers."""
-        return self._pool.allocated_bytes
 
     @property
     def buffers(self) -> StepBuffers:

@@ -55,10 +55,16 @@ def _numba_view(name: str, x):
         ) from error
 
 
-def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream) -> list:
+def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = False) -> list:
     """The checked arrays `xs` (from `floats`) on the device, in one dtype: that of the device
     arrays among them, else the host arrays' shared dtype when it is one of `dtypes`, else
-    float32 (host arrays are converted to it and copied on `stream`)."""
+    float32 (host arrays are converted to it and copied on `stream`; refused while a step is
+    captured, where the copy would not be part of the graph)."""
+    if capturing and any(isinstance(x, np.ndarray) for x in xs):
+        raise StepError(
+            "a step being captured takes device arrays only: a host array's copy would run "
+            "once now and never on replay; copy it into a device array before capture()"
+        )
     on_gpu = {np.dtype(x.dtype) for x in xs if not isinstance(x, np.ndarray)}
     if len(on_gpu) > 1:
         raise StepError(
@@ -79,9 +85,14 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream) -> list:
     ]
 
 
-def output(out, shape: tuple[int, ...], stream):
+def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
     """The float32 device array `attend` writes: `out` checked (a C-contiguous float32
-    device array of `shape`), or a new one allocated on `stream`."""
+    device array of `shape`), or a new one allocated on `stream` (not while capturing)."""
+    if out is None and capturing:
+        raise StepError(
+            f"attend() in a captured step needs out= (a float32 device array {list(shape)}): "
+            "an allocation would happen once and its array be reused by every replay"
+        )
     if out is None:
         return cuda.device_array(shape, np.float32, stream=stream)
     if not is_device_array(out):

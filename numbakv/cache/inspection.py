@@ -6,12 +6,54 @@ import numpy as np
 
 from numbakv.cache._cuda import device_address
 from numbakv.cache.bindings import Bindings, check_bindings
+from numbakv.cache.graph import not_while_capturing
 from numbakv.checks import check_layer
 from numbakv.observe import locked
 
 
 class Inspection:
-    """The device cache's bindings and debugging queries (a part of `CellCache`)."""
+    """The device cache's state queries, bindings and debugging copies (a part of
+    `CellCache`)."""
+
+    @property
+    @locked
+    def used_cells(self) -> int:
+        return self._table.used_cells
+
+    @property
+    @locked
+    def free_cells(self) -> int:
+        return self._table.free_cells
+
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    @property
+    @locked
+    def live_seqs(self) -> list[int]:
+        """The live sequence ids, ascending."""
+        return np.flatnonzero(self._table.live).tolist()
+
+    @property
+    def rows(self) -> int:
+        """Cells the pool has allocated (0 before the first step)."""
+        return self._pool.rows
+
+    @property
+    def growth_count(self) -> int:
+        """Times the pool grew after its first allocation."""
+        return self._pool.growth_count
+
+    @property
+    def generation(self) -> int:
+        """Changes exactly when storage moves: the first allocation and every growth."""
+        return self._pool.generation
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K and V storage over all layers."""
+        return self._pool.allocated_bytes
 
     @locked
     def bindings(self) -> Bindings:
@@ -36,6 +78,7 @@ class Inspection:
         re-record the step), or when they are another cache's; else returns None."""
         check_bindings(bindings, self.bindings())
 
+    @not_while_capturing
     def _to_host(self, *arrays) -> tuple[np.ndarray, ...]:
         """Host copies of device `arrays`, copied on the stream in use, then waited for."""
         stream = self._streams.current

@@ -7,6 +7,7 @@ that shape just launches it; the decode kernels' split scratch is one per n_head
 
 from numbakv.cache.kernels import attention
 from numbakv.config import CacheConfig
+from numbakv.errors import StepError
 
 
 class Plans:
@@ -37,9 +38,15 @@ class Plans:
         """(n_heads, workspace) of every workspace made so far; they never move."""
         return sorted(self._workspaces.items())
 
-    def workspace(self, n_heads: int, stream) -> tuple:
+    def workspace(self, n_heads: int, stream, capturing: bool = False) -> tuple:
         """The decode kernels' split scratch for `n_heads` query heads, for the widest step
-        that runs them (`attention.decode_width_limit`)."""
+        that runs them (`attention.decode_width_limit`); made on first use, never while a
+        step is captured."""
+        if n_heads not in self._workspaces and capturing:
+            raise StepError(
+                f"decode attention with n_heads={n_heads} would allocate its workspace inside "
+                f"a capture; call cache.reserve({n_heads}) before capture()"
+            )
         if n_heads not in self._workspaces:
             cfg = self.config
             rows = attention.decode_width_limit(cfg.max_width, n_heads, cfg.n_kv_heads)

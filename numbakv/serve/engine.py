@@ -1,5 +1,4 @@
-"""`Engine`: continuous batching of generation requests over an `Executor` (or any
-`SessionExecutor`).
+"""`Engine`: continuous batching of requests over an `Executor` (any `SessionExecutor`).
 
 A request is a prompt, a token budget, a sampling and stop tokens, asking for `n` samples.
 Each `step()` admits waiting requests while sessions are free (in arrival order), asks the
@@ -17,33 +16,27 @@ tokens it sampled:
 - when the executor fails (the pool could not grow), the requests of that batch end with
   finish reason "error" and the error propagates; the other requests go on;
 - when an observer of the executor's cache raises (`ObserverError`: the verb completed),
-  no request is affected: the engine finishes its bookkeeping with the call's result (the
-  batch's outputs, the opened session), the step (or `cancel`) completes, then the error
-  propagates like a callback's; stepping on, every request gets the tokens it would have.
+  the engine finishes with the call's result, then the error propagates like a callback's;
+  no request is affected (stepping on, each gets the tokens it would have).
 
-Tokens stream through each request's `on_token` callback, through the events `step()`
-returns, and through the `stream()` iterator. A step first does all its bookkeeping (every
-token appended, every finish handled, every next decode queued), then calls the callbacks
-in event order. A callback that raises ends its request: its samples still running end
-with finish reason "error" (tokens kept, sessions closed at once); a sample that had
-already ended, even on the token whose callback raised, keeps "stop" or "length"; the
-callback hears nothing more. The step's other callbacks still run; then the first exception
-(any BaseException) propagates from `step()`, with a note naming the request and any
-others that raised (each of those ends the same way); `stream()` yields the step's events
-first. `generate()` stops at once only when the fault is its own (a callback of one of its
-requests raised, the executor failed) or an interrupt (an exception that is not an
-`Exception`): it cancels its own unfinished requests, then raises. A fault of another
-request's callback, or of an observer, costs it nothing: it steps on until its own
-requests are done, then raises the first such exception (noted with their ids, whose
-`result()`s hold the completions). Stepping again goes on with the other requests, which
-get exactly the tokens they would have had. Callbacks may `submit` and `cancel`; stepping
-from a callback is refused (StepError, which counts as that callback raising).
+Tokens stream through each request's `on_token` callback, the events `step()` returns and
+the `stream()` iterator. A step does all its bookkeeping first, then calls the callbacks in
+event order. A callback that raises ends its request: its running samples end with "error"
+(tokens kept, sessions closed), one already ended keeps "stop" or "length", and the
+callback hears nothing more. The other callbacks still run; then the first exception (any
+BaseException) propagates from `step()`, noted with every request whose callback raised;
+`stream()` yields the step's events first. `generate()` stops at once only for its own
+fault (its requests' callbacks, the executor) or an interrupt (not an `Exception`): it
+cancels its unfinished requests and raises. Another request's or an observer's fault costs
+it nothing: it steps on until its requests are done, then raises the first such exception
+(the `result()`s hold the completions); every request gets exactly the tokens it would
+have had. Callbacks may `submit` and `cancel`; stepping from a callback is refused
+(StepError, which counts as that callback raising). `metrics` counts steps and forwards.
 
-Thread safety: an `Engine` is safe to share between threads. One lock (re-entrant) guards
-its state; `submit`, `cancel`, `result`, `is_busy` and each step hold it, so one thread may
-submit or cancel while another steps, `stream()`s or `generate()`s; `stream()` holds it
-for one step at a time, never while its consumer runs. Callbacks run on the stepping thread
-with the lock held. The executor is used only under that lock.
+Thread safety: one re-entrant lock guards an `Engine`'s state and its executor; every
+public call and each step hold it (`stream()` one step at a time, never while its consumer
+runs), so one thread may submit or cancel while another steps. Callbacks run on the
+stepping thread with the lock held.
 """
 
 import threading
@@ -61,6 +54,7 @@ from numbakv.serve.faults import StepFaults, completed, note_observed, raise_obs
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.requests import (
     Completion,
+    EngineMetrics,
     FinishReason,
     Request,
     Sample,
@@ -167,6 +161,12 @@ class Engine:
     def is_busy(self) -> bool:
         """True while any request waits or runs."""
         return bool(self._waiting or self._running)
+
+    @property
+    @locked
+    def metrics(self) -> EngineMetrics:
+        """Steps so far and how the executor's forwards ran (`ForwardCounts`, or None)."""
+        return EngineMetrics(self.n_steps, getattr(self.executor, "forward_counts", None))
 
     # -- running ---------------------------------------------------------------
 

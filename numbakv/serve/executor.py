@@ -46,47 +46,20 @@ when used directly.
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from numbakv.config import CacheConfig, as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
 from numbakv.observe import locked
-from numbakv.serve._guards import token_ids
+from numbakv.serve.batch import Input, Output, checked_inputs
 from numbakv.serve.faults import batch_observed, completed, note_observed, raise_observed
+from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
 
-
-@dataclass(frozen=True)
-class Input:
-    """Tokens of one session from `position` on.
-
-    tokens : ints in [0, vocab_size), at least one
-    sample : draw the session's next token from the logits after the last token
-    forks  : per entry, clone the session after the last token and draw the clone's first
-             token with that sampling (needs `sample`; see the module docstring)
-    """
-
-    session: int
-    position: int
-    tokens: Sequence[int]
-    sample: bool = True
-    forks: tuple[Sampling, ...] = ()
-
-
-@dataclass(frozen=True)
-class Output:
-    """The result of one input: the logits after its last token ([vocab_size] float32), the
-    token sampled from them (None when the input did not ask) and, per fork of the input,
-    (the clone's session id, the clone's first token)."""
-
-    session: int
-    logits: np.ndarray = field(repr=False)
-    token: int | None
-    forks: tuple[tuple[int, int], ...] = ()
+__all__ = ["Executor", "Input", "Output"]
 
 
 class Executor:
@@ -99,6 +72,14 @@ class Executor:
                          max_session_tokens must fit the capacity, so a batch never runs out
                          of cells
     min_prefill        : forwards shorter than this run as one-token forwards (`plan_slices`)
+    graphs             : "auto" (default): with a device-resident model (`DeviceModel`) over
+                         the device cache, each decode forward (one token per session, at
+                         most graph_width) is padded to graph_width rows and replays one
+                         captured step (run eagerly once at each pool size, then captured:
+                         `graphs.DecodeGraphs`);
+                         "off", and any other model or cache: every forward runs eagerly
+    graph_width        : rows of a captured decode step, 1..max_width; default
+                         min(max_width, max_sessions)
     """
 
     def __init__(
@@ -108,9 +89,11 @@ class Executor:
         max_sessions: int,
         max_session_tokens: int,
         min_prefill: int = 2,
+        graphs: str = "auto",
+        graph_width: int | None = None,
     ):
-        if not isinstance(model, Model):
-            raise ConfigError(f"expected a Model, got {model!r}")
+        if not isinstance(model, Model) and not getattr(model, "device_resident", False):
+            raise ConfigError(f"expected a Model or a DeviceModel, got {model!r}")
         config = getattr(cache, "config", None)
         if not isinstance(config, CacheConfig):
             raise ConfigError(f"expected a cell cache (reference or device), got {cache!r}")
@@ -142,8 +125,16 @@ class Executor:
                 f"{self.max_sessions * self.max_session_tokens} cells do not fit the capacity "
                 f"{config.capacity}; lower one of them or raise the capacity"
             )
+        if graph_width is None:
+            graph_width = min(config.max_width, self.max_sessions)
+        graph_width = int_at_least("graph_width", graph_width, 1)
+        if graph_width > config.max_width:
+            raise ConfigError(
+                f"graph_width={graph_width} > the cache's max_width={config.max_width}"
+            )
         self.model = model
         self.cache = cache
+        self._graphs = DecodeGraphs(model, cache, graphs, graph_width)
         self._sampling: dict[int, Sampling] = {}
         self._rng: dict[int, np.random.Generator] = {}
         self._lock = threading.RLock()
@@ -159,6 +150,24 @@ class Executor:
     def max_width(self) -> int:
         """Tokens one forward takes at most (the cache's max_width); a batch may hold more."""
         return self.cache.config.max_width
+
+    @property
+    @locked
+    def forward_counts(self) -> ForwardCounts:
+        """How the forwards so far ran: captures, replays, eager forwards (`ForwardCounts`)."""
+        return self._graphs.counts
+
+    @property
+    def captures(self) -> int:
+        return self.forward_counts.captures
+
+    @property
+    def replays(self) -> int:
+        return self.forward_counts.replays
+
+    @property
+    def eager_forwards(self) -> int:
+        return self.forward_counts.eager_forwards
 
     # -- sessions --------------------------------------------------------------
 
@@ -238,7 +247,7 @@ class Executor:
         `AllocationError`) rewinds the batch's sessions to where their inputs start, makes
         no clone, then raises. An observer that raised (`ObserverError`) does not stop the
         batch: it runs to its end, then an ObserverError with the outputs as `.result`."""
-        inputs = self._checked_inputs(inputs)
+        inputs = checked_inputs(inputs, self._check_open, self.vocab_size)
         starts = self._check(inputs)
         observed = []  # the batch's ObserverErrors: each verb completed, the batch goes on
         for session, start in starts.items():
@@ -283,39 +292,15 @@ class Executor:
         out = np.empty((len(ends), self.vocab_size), dtype=np.float32)
         for piece in plan_slices(len(tokens), self.max_width, self.min_prefill):
             chunk = tokens[piece.start : piece.start + piece.length]
-            completed(observed, self.cache.declare_step, [session for session, _ in chunk])
-            step = completed(observed, self.cache.prepare_step)
+            sessions = [session for session, _ in chunk]
+            completed(observed, self.cache.declare_step, sessions)
+            step = completed(observed, self.cache.prepare_step, self._graphs.step_width(sessions))
             wanted = np.flatnonzero((ends >= piece.start) & (ends < piece.start + piece.length))
             rows = ends[wanted] - piece.start
-            out[wanted] = self.model.forward(self.cache, step, [t for _, t in chunk], rows)
+            ids = [t for _, t in chunk]
+            graphs = self._graphs
+            out[wanted] = graphs.forward(self.model, self.cache, step, sessions, ids, rows)
         return out
-
-    def _checked_inputs(self, inputs) -> list[Input]:
-        """`inputs` as a list of `Input`s with int sessions (open), int positions >= 0,
-        token lists, bool `sample` and tuple forks, or the error refusing the batch."""
-        if isinstance(inputs, Input | str) or not isinstance(inputs, Sequence):
-            raise StepError(f"execute() takes a list of Inputs, got {inputs!r}; for one: [x]")
-        if not inputs:
-            raise StepError("execute() needs at least one input")
-        return [self._checked_input(x) for x in inputs]
-
-    def _checked_input(self, x: Input) -> Input:
-        if not isinstance(x, Input):
-            raise StepError(f"expected an Input, got {x!r}")
-        session = self._check_open(x.session)
-        name = f"session {session}'s tokens"
-        tokens = token_ids(name, x.tokens, self.vocab_size, StepError)
-        if not isinstance(x.sample, bool | np.bool_):
-            raise StepError(f"session {session}: sample must be True or False, got {x.sample!r}")
-        forks = x.forks
-        if not isinstance(forks, tuple | list) or not all(isinstance(f, Sampling) for f in forks):
-            raise StepError(f"session {session}: forks must be a tuple of Sampling, got {forks!r}")
-        if forks and not x.sample:
-            raise StepError(
-                f"session {session}: an input with forks samples its token (sample=True)"
-            )
-        position = int_at_least("position", x.position, 0)
-        return Input(session, position, tokens, bool(x.sample), tuple(forks))
 
     def _check(self, inputs: list[Input]) -> dict[int, int]:
         """{session: the position its first input starts at} of checked inputs, or the error

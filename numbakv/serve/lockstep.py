@@ -62,6 +62,11 @@ class Lockstep:
         return self.executor.cache
 
     @property
+    def forward_counts(self):
+        """How `executor`'s forwards ran (`ForwardCounts`): the engine's metrics show it."""
+        return self.executor.forward_counts
+
+    @property
     def vocab_size(self) -> int:
         """Tokens are ids in [0, vocab_size); logits are [vocab_size] float32."""
         return self.executor.vocab_size

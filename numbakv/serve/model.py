@@ -167,7 +167,7 @@ class Model:
         tokens = np.asarray(token_ids("tokens", tokens, cfg.vocab_size, StepError))
         if tokens.shape != (step.width,):
             raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
-        rows = _rows(rows, step.width)
+        rows = check_rows(rows, step.width)
         cos, sin = self._rotary(np.maximum(step.positions, 0))
         x = w["embed"][tokens]  # [width, d_model]
         for layer in range(cfg.n_layers):
@@ -210,7 +210,7 @@ def _weight(name: str, value, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def _rows(rows, width: int) -> np.ndarray:
+def check_rows(rows, width: int) -> np.ndarray:
     """`rows` as an int64 array of indices into [0, width), or StepError."""
     array = np.asarray(rows)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):

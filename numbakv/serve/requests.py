@@ -12,6 +12,7 @@ import numpy as np
 from numbakv.config import as_int, int_at_least
 from numbakv.errors import CapacityError, ConfigError
 from numbakv.serve._guards import token_ids
+from numbakv.serve.graphs import ForwardCounts
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import Sampling, check_sampling
 from numbakv.serve.tokenizer import Tokenizer
@@ -42,6 +43,16 @@ class RequestMetrics:
     tokens_per_second: float | None
     n_steps: int
     n_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """n_steps : engine steps so far
+    forwards   : how the executor's forwards ran (captures, replays, eager_forwards), None
+                 when the executor does not count them"""
+
+    n_steps: int
+    forwards: ForwardCounts | None
 
 
 @dataclass(frozen=True)

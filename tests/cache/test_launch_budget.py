@@ -12,34 +12,18 @@ on the small cache of `benchmarks/launch_budget_bench.py` (2 layers here, window
 The tests of the counting harness itself come first.
 """
 
-import importlib
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from helpers import benchmark_module
+
 N_LAYERS = 2  # the simulator is slow: two layers still give two windows
 
-
-def load(name: str):
-    """benchmarks/<name>.py, imported as the scripts import their siblings: by name, with
-    benchmarks/ on sys.path."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    assert Path(module.__file__).parent == BENCHMARKS, module.__file__
-    return module
-
-
-counting = load("counting")
-rules = load("launch_budget_rules")
-budget_bench = load("launch_budget_bench")
+counting = benchmark_module("counting")
+rules = benchmark_module("launch_budget_rules")
+budget_bench = benchmark_module("launch_budget_bench")
 
 pytestmark = pytest.mark.skipif(
     not IS_SIMULATOR, reason="counts the CUDA simulator's entry points (NUMBAKV_DEVICE=sim)"

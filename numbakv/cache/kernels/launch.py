@@ -1,11 +1,21 @@
-"""Launch geometry, one system for every kernel: blocks, threads and the grid-stride rule.
+"""The one launch path and its geometry, one system for every kernel.
+
+`launch(kernel, grid, threads, stream, *args)` is how every numbakv kernel (the cache's and
+the device model's) is launched. Eagerly it is `kernel[grid, threads, stream](*args)`; while
+a `Recorder` is active in the thread (`recording`), the recorder takes the launch instead:
+it runs it and keeps it to re-issue (the simulator), or sends it into a CUDA graph being
+captured on the step's stream (a GPU). So a captured step holds exactly what was launched.
 
 Every kernel loops grid-stride over its items, so any grid covers any size: on a GPU the
 grid is sized to fill the multiprocessors; in the simulator, where each thread is a Python
 thread (~0.2 ms per simulated thread per launch), grids and blocks stay tiny.
 """
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
+from typing import Protocol
 
 from numbakv.cache._cuda import IS_SIMULATOR, cuda
 
@@ -17,6 +27,42 @@ SIM_BLOCKS = 2  # blocks per grid dimension of the attention kernels in the simu
 BLOCKS_PER_SM = 8  # resident blocks that hide latency on a GPU; grid-stride covers the rest
 MAX_GRID_X = 2**31 - 1  # CUDA's limit on gridDim.x
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
+class Recorder(Protocol):
+    """What takes the launches of a thread while it records (`numbakv.cache.graph`)."""
+
+    def launch(self, kernel, grid, threads, stream, args: tuple) -> None: ...
+
+
+_active = threading.local()  # .recorder: the Recorder of this thread, or absent
+
+
+def launch(kernel, grid, threads, stream, *args) -> None:
+    """Launches `kernel` over `grid` blocks of `threads` on `stream` with `args`, or hands the
+    launch to the thread's active recorder."""
+    recorder = getattr(_active, "recorder", None)
+    if recorder is None:
+        kernel[grid, threads, stream](*args)
+    else:
+        recorder.launch(kernel, grid, threads, stream, args)
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder) -> Iterator[Recorder]:
+    """Every `launch` of this thread goes to `recorder` inside the block (not nested)."""
+    if getattr(_active, "recorder", None) is not None:
+        raise RuntimeError("a recording is already active in this thread")
+    _active.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _active.recorder = None
+
+
+def is_recording() -> bool:
+    """Whether this thread's launches go to a recorder now."""
+    return getattr(_active, "recorder", None) is not None
 
 
 @functools.cache

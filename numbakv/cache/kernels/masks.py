@@ -12,7 +12,7 @@ import numpy as np
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
-from numbakv.cache.kernels.launch import check_extent, launch_dims
+from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS, STEP, WIDTH
 
 # masks, windows, cell_pos, cell_owners, step
@@ -70,4 +70,4 @@ def launch_write_masks(masks, windows, cell_pos, cell_owners, step, width: int, 
     if width == 0:
         return
     grid, threads = launch_dims(masks.shape[2], n_rows=width)
-    write_masks[grid, threads, stream](masks, windows, cell_pos, cell_owners, step)
+    launch(write_masks, grid, threads, stream, masks, windows, cell_pos, cell_owners, step)

@@ -10,7 +10,7 @@ import numpy as np
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
-from numbakv.cache.kernels.launch import check_extent, launch_dims
+from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, STEP, WIDTH
 from numbakv.cache.kernels.storage import (
     BFLOAT16_STORAGE,
@@ -113,7 +113,7 @@ def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0) -> None:
         return
     grid, threads = launch_dims(n_items)
     scatter = scatter_kv_bf16 if kind(k_pool.dtype) == "bfloat16" else scatter_kv
-    scatter[grid, threads, stream](k, v, k_pool, v_pool, step)
+    launch(scatter, grid, threads, stream, k, v, k_pool, v_pool, step)
 
 
 def launch_prepare_tokens(
@@ -132,4 +132,4 @@ def launch_prepare_tokens(
     if width == 0:
         return
     grid, threads = launch_dims(width)
-    prepare_tokens[grid, threads, stream](step, cell_pos, cell_owners, seq_cells, seq_len)
+    launch(prepare_tokens, grid, threads, stream, step, cell_pos, cell_owners, seq_cells, seq_len)

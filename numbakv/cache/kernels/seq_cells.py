@@ -10,7 +10,7 @@ import numpy as np
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel
-from numbakv.cache.kernels.launch import check_extent, launch_dims
+from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 
 # seq_cells, seq_len, src, dst, upto
 COPY_PREFIX_SIGNATURES = ["void(int32[:, ::1], int32[::1], int32, int32, int32)"]
@@ -48,17 +48,25 @@ def launch_copy_prefix(seq_cells, seq_len, src: int, dst: int, upto: int, stream
     """seq_clone(src, upto) that made `dst`: copies the row prefix and sets the length."""
     check_extent("upto", upto, seq_cells.shape[1])
     grid, threads = launch_dims(max(upto, 1))
-    copy_prefix[grid, threads, stream](
-        seq_cells, seq_len, np.int32(src), np.int32(dst), np.int32(upto)
+    launch(
+        copy_prefix,
+        grid,
+        threads,
+        stream,
+        seq_cells,
+        seq_len,
+        np.int32(src),
+        np.int32(dst),
+        np.int32(upto),
     )
 
 
 def launch_set_length(seq_len, seq: int, length: int, stream=0):
     """Sets one sequence's length (rewind, seq_rm)."""
-    set_length[1, 1, stream](seq_len, np.int32(seq), np.int32(length))
+    launch(set_length, 1, 1, stream, seq_len, np.int32(seq), np.int32(length))
 
 
 def launch_clear_lengths(seq_len, stream=0):
     """Every length 0 (clear)."""
     grid, threads = launch_dims(len(seq_len))
-    clear_lengths[grid, threads, stream](seq_len)
+    launch(clear_lengths, grid, threads, stream, seq_len)

@@ -11,7 +11,7 @@ import numpy as np
 
 from numbakv.cache._cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
-from numbakv.cache.kernels.launch import check_extent, launch_dims
+from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 
 # cells, n, seq, cell_owners
 ADD_OWNER_SIGNATURES = ["void(int32[::1], int32, int32, uint64[:, ::1])"]
@@ -72,7 +72,7 @@ def launch_add_owner(cells, n: int, seq: int, cell_owners, stream=0) -> None:
     if n == 0:
         return
     grid, threads = launch_dims(n)
-    add_owner[grid, threads, stream](cells, np.int32(n), np.int32(seq), cell_owners)
+    launch(add_owner, grid, threads, stream, cells, np.int32(n), np.int32(seq), cell_owners)
 
 
 def launch_drop_owner(cells, n: int, seq: int, cell_pos, cell_owners, stream=0) -> None:
@@ -87,7 +87,9 @@ def launch_drop_owner(cells, n: int, seq: int, cell_pos, cell_owners, stream=0) 
     if n == 0:
         return
     grid, threads = launch_dims(n)
-    drop_owner[grid, threads, stream](cells, np.int32(n), np.int32(seq), cell_pos, cell_owners)
+    launch(
+        drop_owner, grid, threads, stream, cells, np.int32(n), np.int32(seq), cell_pos, cell_owners
+    )
 
 
 def launch_clear_table(cell_pos, cell_owners, stream=0) -> None:
@@ -99,4 +101,4 @@ def launch_clear_table(cell_pos, cell_owners, stream=0) -> None:
     if len(cell_pos) == 0:
         return
     grid, threads = launch_dims(len(cell_pos))
-    clear_table[grid, threads, stream](cell_pos, cell_owners)
+    launch(clear_table, grid, threads, stream, cell_pos, cell_owners)

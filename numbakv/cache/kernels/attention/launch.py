@@ -34,7 +34,13 @@ from numbakv.cache.kernels.attention.tiles import (
     PREFILL_ROWS,
     STORAGE,
 )
-from numbakv.cache.kernels.launch import attention_grid, check_extent, launch_dims, n_sms
+from numbakv.cache.kernels.launch import (
+    attention_grid,
+    check_extent,
+    launch,
+    launch_dims,
+    n_sms,
+)
 
 DECODE_MAX_WIDTH = 8  # steps up to this width run the decode (split) kernels
 MAX_SPLITS = 32  # splits per token, at most
@@ -139,14 +145,15 @@ def run_attention(plan: AttentionPlan, q, k_pool, v_pool, step, view, scale, out
     """Launches `plan` (one prefill launch, or the decode launch and the merge) on `stream`;
     checks nothing. scale: np.float32; workspace: `split_workspace` scratch of at least the
     plan's width and splits (decode plans)."""
+    grid, threads = plan.grid, plan.threads
     if not plan.is_decode:
-        plan.kernel[plan.grid, plan.threads, stream](q, k_pool, v_pool, step, view, scale, out)
+        launch(plan.kernel, grid, threads, stream, q, k_pool, v_pool, step, view, scale, out)
         return
     n_splits = np.int32(plan.n_splits)
-    plan.kernel[plan.grid, plan.threads, stream](
-        q, k_pool, v_pool, step, view, scale, n_splits, *workspace
-    )
-    merge_splits[plan.merge_grid, plan.merge_threads, stream](*workspace, step, n_splits, out)
+    args = (q, k_pool, v_pool, step, view, scale, n_splits, *workspace)
+    launch(plan.kernel, grid, threads, stream, *args)
+    launch(merge_splits, plan.merge_grid, plan.merge_threads, stream, *workspace, step, n_splits,
+           out)  # fmt: skip
 
 
 def launch_attend_masked(

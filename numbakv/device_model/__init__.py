@@ -1,0 +1,23 @@
+"""numbakv.device_model: `numbakv.serve.model.Model`'s forward on the device.
+
+    dm = DeviceModel(model, cache.config)
+    logits = dm.forward(cache, step, tokens, rows)   # [len(rows), vocab_size] float32
+
+The same weights and the same float32 math as the NumPy model, with the hidden state on the
+device from the embedding to the LM head and only the requested rows' logits copied back.
+The design:
+
+- `tiles`: the one matmul scheme, a tile of activation rows in shared memory, each weight
+  read once per tile, with an RMSNorm (and row gather) prologue fused into the load;
+- `kernels`: five kernels on it, registered for PTX (`numbakv.cache.kernels.kernel`) and
+  launched through the project's one launcher (`numbakv.cache.kernels.launch.launch`), so
+  that a recorder can capture a forward; every per-step value (tokens, rows, positions) is
+  read from a device buffer, so recorded launches serve any later step of their width;
+- `weights`: the weights and the rotary table uploaded once;
+- `model`: `DeviceModel`, whose `stage` / `run` / `logits` split a forward into the
+  upload, the capturable launches and the copy back.
+"""
+
+from numbakv.device_model.model import DeviceModel
+
+__all__ = ["DeviceModel"]
