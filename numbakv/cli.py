@@ -1,13 +1,16 @@
-"""The `numbakv` command line: `numbakv demo` and `numbakv viz`.
+"""The `numbakv` command line: `numbakv demo`, `numbakv viz` and `numbakv replay`.
 
 Exit codes: 0 done; 2 a usage error (a bad option value, a missing input, an output in a
-folder that does not exist or with an extension matplotlib cannot write), found before the
-work starts (for `--step` and `--window`, once the trace is read); 1 a failure (a damaged
-trace, the device disagreeing with the reference, an output that could not be written).
-Every error is one line on stderr naming the bad argument or file.
+folder that does not exist or with an extension matplotlib cannot write, a factory that
+cannot be imported), found before the work starts (for `--step` and `--window`, once the
+trace is read; for `replay`, a damaged op log); 1 a failure (a damaged trace, the device
+disagreeing with the reference, an output that could not be written, a replayed cache
+diverging from the reference: then the shrunk op script is printed on stdout). Every error
+is one line on stderr naming the bad argument or file.
 """
 
 import argparse
+import pkgutil
 import shutil
 import sys
 from collections.abc import Callable
@@ -52,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
     viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
     viz.set_defaults(run=_viz, parser=viz)
+    replay = commands.add_parser(
+        "replay", help="replay an op log (numbakv.testing.OpLog) on a cache beside the reference"
+    )
+    replay.add_argument("oplog", type=trace_input, metavar="LOG",
+                        help="a .json op log (OpLog) or a .npz trace of every verb")  # fmt: skip
+    replay.add_argument(
+        "--against", type=factory_spec, metavar="MODULE:FACTORY", required=True,
+        help="the cache under test: a callable taking a CacheConfig, e.g. numbakv:CellCache",
+    )  # fmt: skip
+    replay.add_argument("--compare", choices=("semantic", "table"), default="semantic",
+                        help="what must agree (default semantic; table: cell layouts)")  # fmt: skip
+    replay.set_defaults(run=_replay, parser=replay)
     args = parser.parse_args(argv)
     return args.run(args, args.parser)
 
@@ -79,6 +94,24 @@ def trace_input(text: str) -> Path:
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; give the trace file")
     return path
+
+
+def factory_spec(text: str) -> Callable:
+    """An argparse type: MODULE:NAME (NAME may be dotted), imported, a callable."""
+    module_name, colon, name = text.partition(":")
+    if not (colon and module_name and name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODULE:FACTORY, e.g. numbakv:CellCache")
+    try:
+        target = pkgutil.resolve_name(text)
+    except AttributeError:
+        raise argparse.ArgumentTypeError(f"{module_name} has no attribute {name}") from None
+    except Exception as error:  # ImportError, or whatever the module raises on import
+        raise argparse.ArgumentTypeError(
+            f"cannot import {module_name} ({type(error).__name__}: {error})"
+        ) from None
+    if not callable(target):
+        raise argparse.ArgumentTypeError(f"{text} is not callable; give a factory of caches")
+    return target
 
 
 def new_file(text: str) -> Path:
@@ -185,4 +218,29 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as error:
         return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
     print(f"wrote {args.output}")
+    return 0
+
+
+def _replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import numbakv.trace
+    from numbakv.errors import TraceError
+    from numbakv.testing.from_trace import trace_ops
+    from numbakv.testing.oplog import load_ops
+    from numbakv.testing.ops import Divergence
+    from numbakv.testing.replay import replay
+
+    try:
+        if args.oplog.suffix == ".npz":  # Recorder(cache, every_verb=True)
+            trace = numbakv.trace.load_trace(args.oplog)
+            config, ops = trace.config, trace_ops(trace)
+        else:
+            config, ops = load_ops(args.oplog)
+    except (ValueError, TraceError) as error:
+        parser.error(f"argument LOG: {error}")
+    try:
+        replay(ops, args.against, config=config, compare=args.compare)
+    except Divergence as error:
+        print(error)
+        return 1
+    print(f"{len(ops)} ops replayed: the cache agrees with the reference")
     return 0

@@ -39,6 +39,8 @@ FORBIDDEN = (
     ("numbakv.cache", ("numbakv.reference", "numbakv.serve", "numbakv.device_model")),
     ("numbakv.cache", ENTRY_POINTS),
     ("numbakv.device_model", ("numbakv.reference", "numbakv.viz", *ENTRY_POINTS)),
+    ("numbakv.testing", ("numba", "numbakv.cache", "numbakv.device_model", "numbakv.serve")),
+    ("numbakv.testing", ("matplotlib", *ENTRY_POINTS)),
     ("numbakv.cache.kernels", CACHE_OBJECTS),
     ("numbakv.viz", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.demo", "numbakv.cli")),
     ("numbakv.trace", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.viz")),

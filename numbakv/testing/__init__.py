@@ -1,12 +1,58 @@
 """numbakv.testing: hold your own KV cache to numbakv's contract (SPEC §2-§8).
 
     CacheUnderTest   what a cache under test must answer (a `typing.Protocol`), and what
-                     of a `Step` depends on the layout
+                     of a `Step` depends on the layout (SEMANTIC_FIELDS, LAYOUT_FIELDS)
+    check_cache      random workloads against the reference, shrunk to an op script on
+                     failure (needs hypothesis: `pip install numbakv[testing]`)
+    Op, run_script   one workload as an op script, run on both and compared after every op
+    Divergence       the AssertionError a difference raises (its `ops`, `index`, `config`)
+    check_attention  your attention kernel (cells or paged layout: `CellsInputs`,
+                     `PagedInputs`) against the solo oracle; NumPy only
+    OpLog, replay    record a scheduler's verbs and steps through a proxy, save them, replay
+                     them into any cache (shrunk by delta debugging on a difference);
+                     `numbakv replay OPLOG --against module:factory`; `trace_ops` reads
+                     the same ops from a trace of `Recorder(cache, every_verb=True)`
 
-Imports no numba and no hypothesis. The conformance checks that drive a cache with random
-workloads against the reference (issue 14) build on this protocol.
+Imports no numba; hypothesis only when `check_cache` runs.
 """
 
+from numbakv.testing.attention import (
+    AttentionCase,
+    AttentionCheckResult,
+    CellsInputs,
+    PagedInputs,
+    attention_cases,
+    check_attention,
+)
+from numbakv.testing.check import DEFAULT_CONFIGS, check_cache, decode
+from numbakv.testing.from_trace import trace_ops
+from numbakv.testing.oplog import OpLog, load_ops
+from numbakv.testing.ops import Divergence, Op, Runner, run_script, script
 from numbakv.testing.protocol import LAYOUT_FIELDS, SEMANTIC_FIELDS, CacheUnderTest, StepLike
+from numbakv.testing.replay import replay, shrink_ops
 
-__all__ = ["LAYOUT_FIELDS", "SEMANTIC_FIELDS", "CacheUnderTest", "StepLike"]
+__all__ = [
+    "DEFAULT_CONFIGS",
+    "LAYOUT_FIELDS",
+    "SEMANTIC_FIELDS",
+    "AttentionCase",
+    "AttentionCheckResult",
+    "CacheUnderTest",
+    "CellsInputs",
+    "Divergence",
+    "Op",
+    "OpLog",
+    "PagedInputs",
+    "Runner",
+    "StepLike",
+    "attention_cases",
+    "check_attention",
+    "check_cache",
+    "decode",
+    "load_ops",
+    "replay",
+    "run_script",
+    "script",
+    "shrink_ops",
+    "trace_ops",
+]

@@ -1,0 +1,110 @@
+"""`replay`: run a recorded op log (`OpLog`) on a cache under test beside the reference; a
+divergence is shrunk by delta debugging (`shrink_ops`) to a short op script that replays.
+
+    from numbakv.testing import replay
+    replay("oplog.json", numbakv.CellCache)      # None, or Divergence with the short script
+"""
+
+import os
+from collections.abc import Callable, Sequence
+
+from numbakv.config import CacheConfig
+from numbakv.testing.from_trace import trace_ops
+from numbakv.testing.oplog import load_ops
+from numbakv.testing.ops import Divergence, Op, run_script
+
+
+def replay(
+    ops_or_path: Sequence[Op] | str | os.PathLike,
+    factory: Callable[[CacheConfig], object],
+    *,
+    config: CacheConfig | None = None,
+    compare: str = "semantic",
+    shrink: bool = True,
+) -> None:
+    """Runs the ops on `factory(config)` and on the reference, compared after every op
+    (`run_script`); returns None when they agree.
+
+    ops_or_path : a list of `Op`s, the path of an op log (`OpLog.save`), or a `Trace`
+                  recorded with `Recorder(cache, every_verb=True)` (`trace_ops`)
+    config      : the CacheConfig; default the log's (required for a list of ops)
+    compare     : "semantic" or "table" (see `run_script`)
+    shrink      : on a divergence, first reduce the ops to a 1-minimal list that still
+                  diverges (`shrink_ops`)
+
+    Raises `Divergence` (its message the script of the ops up to the one that differed,
+    after shrinking, with the recorded and shrunk lengths); ValueError for a damaged log
+    or a list of ops without a config.
+    """
+    if isinstance(ops_or_path, str | os.PathLike):
+        logged, ops = load_ops(ops_or_path)
+        config = logged if config is None else config
+    elif hasattr(ops_or_path, "snapshots"):  # a Trace (numbakv.trace) of every verb
+        ops = trace_ops(ops_or_path)
+        config = ops_or_path.config if config is None else config
+    elif config is None:
+        raise ValueError("replay(ops, factory) needs config=CacheConfig(...) for a list of ops")
+    else:
+        ops = list(ops_or_path)
+    try:
+        run_script(factory, config, ops, compare)
+    except Divergence as error:
+        if not shrink:
+            raise
+        first = error
+    else:
+        return
+    runs: dict[tuple[Op, ...], bool] = {tuple(first.ops): True}
+
+    def fails(candidate: Sequence[Op]) -> bool:
+        key = tuple(candidate)
+        if key not in runs:
+            try:
+                run_script(factory, config, candidate, compare)
+                runs[key] = False
+            except Divergence:
+                runs[key] = True
+        return runs[key]
+
+    minimal = shrink_ops(first.ops, fails)  # the ops past the divergence never matter
+    try:
+        run_script(factory, config, minimal, compare)
+    except Divergence as error:
+        raise Divergence(
+            f"{len(ops)} ops replayed, shrunk to {len(minimal)} that still diverge:\n{error}",
+            error.ops, error.index, config,
+        ) from None  # fmt: skip
+    raise Divergence(
+        f"{len(ops)} ops replayed; the shrunk script did not diverge again (a flaky cache?), "
+        f"so here is the first divergence unshrunk:\n{first}",
+        first.ops, first.index, config,
+    ) from None  # fmt: skip
+
+
+def shrink_ops(ops: Sequence[Op], fails: Callable[[Sequence[Op]], bool]) -> list[Op]:
+    """A 1-minimal sublist of `ops` (order kept) for which `fails` is still True: removing
+    any one op of it makes `fails` False. Zeller's ddmin: try each of n chunks, then each
+    complement, else split finer. ValueError when `fails(ops)` is False."""
+    ops = list(ops)
+    if not fails(ops):
+        raise ValueError("shrink_ops: fails(ops) is False for the whole list; nothing to shrink")
+    n = 2
+    while len(ops) >= 2:
+        size = -(-len(ops) // n)
+        chunks = [ops[i : i + size] for i in range(0, len(ops), size)]
+        complements = [
+            [op for j, chunk in enumerate(chunks) if j != i for op in chunk]
+            for i in range(len(chunks))
+        ]
+        smaller = next((c for c in chunks if fails(c)), None)
+        if smaller is not None:
+            ops, n = smaller, 2
+            continue
+        smaller = next((c for c in complements if len(chunks) > 2 and fails(c)), None)
+        if smaller is not None:
+            ops, n = smaller, max(n - 1, 2)
+            continue
+        if n >= len(ops):
+            break
+        n = min(2 * n, len(ops))
+    return ops

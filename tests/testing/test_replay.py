@@ -1,0 +1,283 @@
+"""`OpLog` records a serving workload, `replay` runs it beside the reference and shrinks a
+divergence by delta debugging (`shrink_ops`), and `numbakv replay` on the command line."""
+
+import json
+
+import pytest
+
+import numbakv
+from numbakv.cli import main
+from numbakv.errors import SequenceError
+from numbakv.reference import CellCache
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor, Input
+from numbakv.serve.sampling import Sampling
+from numbakv.testing.oplog import OpLog, load_ops
+from numbakv.testing.ops import Divergence, Op
+from numbakv.testing.replay import replay, shrink_ops
+
+from helpers import tiny_model
+
+MODEL = tiny_model(seed=3)  # layers: global, window 4
+CONFIG = MODEL.config.cache_config(capacity=96, max_width=8, max_seqs=6, initial_cells=8)
+
+
+class RewindKeepsOneMore(CellCache):
+    """Planted bug: a rewind that drops anything keeps one position too many."""
+
+    def rewind(self, seq, position):
+        super().rewind(seq, position + 1 if position < self.pos(seq) else position)
+
+
+class CloneSharesOneMore(CellCache):
+    """Planted bug: a clone with `upto` short of the end shares one position too many."""
+
+    def seq_clone(self, src, upto=None):
+        short = upto is not None and upto < self.pos(src)
+        return super().seq_clone(src, upto + 1 if short else upto)
+
+
+def serve(log: OpLog) -> None:
+    """A workload through the engine (prompts, two samples each: clones, closes), then
+    regenerations through the executor (rewinds), a clone of a prefix and a refusal."""
+    executor = Executor(MODEL, log, max_sessions=4, max_session_tokens=24)
+    engine = Engine(executor)
+    prompts = ["Hi", "a cell cache", "abc", "shared cells", "x"]
+    engine.generate(prompts, max_new_tokens=6, sampling=Sampling(0.8, seed=1), n=2)
+    session = executor.open_session()
+    executor.execute([Input(session, 0, [5, 6, 7, 8, 9])])
+    executor.execute([Input(session, 2, [11, 12])])  # rewinds to 2, then appends
+    clone = executor.clone(session, 3)
+    executor.execute([Input(clone, 3, [13])])
+    with pytest.raises(SequenceError):
+        log.seq_rm(5)  # never opened: a refusal, recorded
+    executor.close_session(session)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(path of the saved log, the OpLog) of `serve` on the reference."""
+    log = OpLog(CellCache(CONFIG))
+    serve(log)
+    path = tmp_path_factory.mktemp("oplog") / "oplog.json"
+    log.save(path)
+    return path, log
+
+
+def test_the_log_records_every_verb_and_step(recorded):
+    path, log = recorded
+    verbs = {op.verb for op in log.ops}
+    assert verbs == {"seq_new", "seq_clone", "seq_rm", "rewind", "step"}
+    assert Op("seq_rm", (5,)) in log.ops
+    steps = [(i, op) for i, op in enumerate(log.ops) if op.verb == "step"]
+    assert all(op.args[3] == i and op.args[2] == 1 for i, op in steps)  # seed: the index
+    assert log.live_seqs == log.cache.live_seqs  # attributes pass through
+    config, ops = load_ops(path)
+    assert config == CONFIG and ops == log.ops
+
+
+def test_refused_calls_are_recorded():
+    log = OpLog(CellCache(CONFIG))
+    with pytest.raises(SequenceError):
+        log.rewind(0, 0)
+    with pytest.raises(SequenceError):
+        log.declare_step([3])
+    a = log.seq_new()
+    log.declare_step([a, a])
+    log.prepare_step(3)
+    assert log.ops == [
+        Op("rewind", (0, 0)),
+        Op("step", ((3,), None, 1, 1)),
+        Op("seq_new"),
+        Op("step", ((0, 0), 3, 1, 3)),
+    ]
+    replay(log.ops, CellCache, config=CONFIG)
+
+
+def test_replay_into_the_reference_agrees(recorded):
+    path, log = recorded
+    assert len(log.ops) > 40
+    replay(path, CellCache)
+    replay(path, CellCache, compare="table")
+
+
+def test_replay_into_the_device_cache_on_the_simulator_agrees(recorded):
+    _, log = recorded
+    replay(log.ops[:12], numbakv.CellCache, config=CONFIG)
+
+
+@pytest.mark.parametrize("broken", [RewindKeepsOneMore, CloneSharesOneMore])
+def test_a_planted_bug_is_shrunk_to_a_few_ops(recorded, broken):
+    path, log = recorded
+    with pytest.raises(Divergence) as caught:
+        replay(path, broken)
+    minimal = caught.value.ops
+    assert len(minimal) <= 6 < len(log.ops) // 5
+    message = str(caught.value)
+    assert message.startswith(f"{len(log.ops)} ops replayed, shrunk to {len(minimal)} ")
+    assert "ops = [\n" in message and repr(minimal[-1]) in message
+    with pytest.raises(Divergence):
+        replay(minimal, broken, config=CONFIG, shrink=False)  # the short script replays
+
+
+def test_a_flaky_cache_gets_its_first_divergence_unshrunk(recorded):
+    path, log = recorded
+    built = []
+
+    def flaky(config):  # only the first cache built has the bug
+        built.append(config)
+        return (RewindKeepsOneMore if len(built) == 1 else CellCache)(config)
+
+    with pytest.raises(Divergence, match="did not diverge again") as caught:
+        replay(path, flaky)
+    assert caught.value.ops == log.ops[: caught.value.index + 1]
+
+
+def test_without_shrinking_the_first_divergence_is_raised(recorded):
+    path, log = recorded
+    with pytest.raises(Divergence) as caught:
+        replay(path, RewindKeepsOneMore, shrink=False)
+    assert caught.value.ops == log.ops[: caught.value.index + 1]
+
+
+def test_shrink_ops_finds_a_1_minimal_subset():
+    calls = []
+
+    def fails(ops):  # fails when it holds 3 and 17, or 8, 9 and 40
+        calls.append(len(ops))
+        return {3, 17} <= set(ops) or {8, 9, 40} <= set(ops)
+
+    found = shrink_ops(list(range(50)), fails)
+    assert found in ([3, 17], [8, 9, 40])
+    assert all(not fails(found[:i] + found[i + 1 :]) for i in range(len(found)))
+    assert shrink_ops([7], lambda ops: True) == [7]
+    with pytest.raises(ValueError, match="nothing to shrink"):
+        shrink_ops([1, 2], lambda ops: False)
+
+
+def test_replay_of_ops_needs_a_config():
+    with pytest.raises(ValueError, match="needs config"):
+        replay([Op("seq_new")], CellCache)
+
+
+@pytest.mark.parametrize(
+    "document, complaint",
+    [
+        ("{", "cannot read it as JSON"),
+        ({"format": "other"}, "not a numbakv op log"),
+        ({"format": "numbakv-oplog", "version": 2}, "version 2"),
+        ({"format": "numbakv-oplog", "version": 1, "config": {"x": 1}}, "CacheConfig fields"),
+        ({"format": "numbakv-oplog", "version": 1, "config": {"n_layers": 0}}, "bad config"),
+        ("ops", '"ops" must be a list'),
+        ([["seq_nop", []]], "verb 'seq_nop'"),
+        ([["seq_rm", []]], "has 0 args"),
+        ([["rewind", [0, [1]]]], "non-scalar"),
+        ([["step", [[0.5], None, 1, 0]]], "op 0 (step) needs"),
+        ([["step", [[0], None, 0, 0]]], "op 0 (step) needs"),
+        ([7], "op 0 is 7"),
+    ],
+)
+def test_load_ops_refuses_a_damaged_file(tmp_path, recorded, document, complaint):
+    path = tmp_path / "bad.json"
+    if isinstance(document, list) or document == "ops":
+        good = json.loads(recorded[0].read_text())
+        document = good | {"ops": {} if document == "ops" else document}
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    with pytest.raises(ValueError) as caught:
+        load_ops(path)
+    assert str(caught.value).startswith(f"{path}: ") and complaint in str(caught.value)
+
+
+def test_cli_replay_agrees(recorded, capsys):
+    path, log = recorded
+    assert main(["replay", str(path), "--against", "numbakv.reference:CellCache"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"{len(log.ops)} ops replayed: the cache agrees with the reference\n"
+
+
+def test_cli_replay_diverges_with_the_shrunk_script(recorded, capsys):
+    path, _ = recorded
+    against = f"{__name__}:RewindKeepsOneMore"
+    assert main(["replay", str(path), "--against", against]) == 1
+    out = capsys.readouterr().out
+    assert "shrunk to" in out and "differs from the reference" in out and "Op('rewind'" in out
+
+
+@pytest.mark.parametrize(
+    "against, complaint",
+    [
+        ("numbakv.nowhere:CellCache", "cannot import numbakv.nowhere"),
+        ("numbakv.reference:Nothing", "has no attribute Nothing"),
+        ("numbakv.reference", "is not MODULE:FACTORY"),
+        ("numbakv:__version__", "is not callable"),
+    ],
+)
+def test_cli_replay_refuses_a_bad_factory(recorded, capsys, against, complaint):
+    with pytest.raises(SystemExit) as caught:
+        main(["replay", str(recorded[0]), "--against", against])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.count("\n") == 1 and complaint in err
+
+
+def test_cli_replay_refuses_a_damaged_file(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text("[]")
+    with pytest.raises(SystemExit) as caught:
+        main(["replay", str(path), "--against", "numbakv.reference:CellCache"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.count("\n") == 1 and "not a numbakv op log" in err
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """(path of the .npz trace, the trace's ops, the OpLog's ops) of `serve` on the reference,
+    recorded both ways: the Recorder's frames of every verb and the OpLog."""
+    from numbakv.testing.from_trace import trace_ops
+    from numbakv.trace import Recorder
+
+    cache = CellCache(CONFIG)
+    recorder, log = Recorder(cache, every_verb=True), OpLog(cache)
+    serve(log)
+    path = tmp_path_factory.mktemp("trace") / "run.npz"
+    recorder.save(path)
+    return path, trace_ops(recorder.trace()), log.ops
+
+
+def test_a_trace_of_every_verb_gives_the_same_workload_as_the_op_log(traced):
+    _, from_trace, logged = traced
+    accepted = [op for op in logged if op.verb != "seq_rm" or op.args != (5,)]  # refused
+    assert [op.verb for op in from_trace] == [op.verb for op in accepted]
+    for got, want in zip(from_trace, accepted, strict=True):
+        if got.verb == "step":
+            assert got.args[0] == tuple(want.args[0])
+        elif got.verb in ("seq_rm", "rewind"):
+            assert got.args == want.args
+        elif got.verb == "seq_clone":  # upto explicit; the source may be any sharer
+            assert got.args[1] == (want.args[1] if len(want.args) == 2 else got.args[1])
+
+
+def test_a_trace_replays_into_any_cache_and_a_broken_one_shrinks(traced, capsys):
+    from numbakv.trace import load_trace
+
+    path, ops, _ = traced
+    replay(load_trace(path), CellCache)
+    with pytest.raises(Divergence) as caught:
+        replay(load_trace(path), RewindKeepsOneMore)
+    assert len(caught.value.ops) <= 6 < len(ops) // 5
+    assert main(["replay", str(path), "--against", "numbakv.reference:CellCache"]) == 0
+    assert f"{len(ops)} ops replayed" in capsys.readouterr().out
+
+
+def test_a_trace_of_steps_only_is_refused_for_replay():
+    from numbakv.testing.from_trace import trace_ops
+    from numbakv.trace import Recorder
+
+    cache = CellCache(CONFIG)
+    recorder = Recorder(cache)  # a frame per step only: the verbs between are unknown
+    a = cache.seq_new()
+    for _ in range(2):
+        cache.declare_step([a, a])
+        cache.prepare_step()
+        cache.rewind(a, 1)
+    with pytest.raises(ValueError, match="every_verb=True"):
+        trace_ops(recorder.trace())
