@@ -19,7 +19,7 @@ from numbakv.snapshot import Snapshot
 
 from .attention import attend_cells
 from .pool import Allocator, KVPool, numpy_allocator
-from .step import Step, window_mask
+from .step import Step
 from .table import CellTable
 
 
@@ -103,7 +103,8 @@ class CellCache(Observable):
 
     @locked
     def prepare_step(self, width: int | None = None) -> Step:
-        """Grows the pool, places the declared tokens and writes the step's masks.
+        """Grows the pool and places the declared tokens; the step's masks are computed when
+        first read (`Step.mask`, masked or gathered attention).
 
         width : rows of the step, default the declared count; a larger width pads
                 (padded rows get cell, position and sequence -1 and an all-zero mask row)
@@ -136,12 +137,10 @@ class CellCache(Observable):
             np.concatenate([x, padding]) for x in (cells, positions, seq_ids)
         )
         pos, owners = table.pos[: table.read_len], table.owners[: table.read_len]
-        masks = {
-            w: window_mask(pos, owners, seq_ids, positions, w) for w in self.config.distinct_windows
-        }
         self._declared = None
         self._expire_step()
-        self._step = Step(cells, positions, seq_ids, table.read_len, masks)
+        windows = self.config.distinct_windows
+        self._step = Step(cells, positions, seq_ids, table.read_len, pos, owners, windows)
         return self._notify("prepare_step", self._step, self._step)
 
     # -- K/V (SPEC §5) ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The step of SPEC §3: the placed tokens of one forward and a mask per window."""
+"""The step of SPEC §3: the placed tokens of one forward and a mask per window, each mask
+computed when it is first read."""
 
 import numpy as np
 
@@ -46,16 +47,20 @@ class Step:
     windows   : the distinct windows with a mask
 
     A Step is valid until the next verb other than `seq_new`; after that every accessor
-    raises StepError (`is_stale` tells without raising).
+    raises StepError (`is_stale` tells without raising). While it is valid the table's
+    cells are as the step placed them, so a mask is computed from them when first read
+    (`window_mask` of `cell_pos`, `cell_owners`) and kept for the step.
     """
 
-    def __init__(self, cells, positions, seq_ids, read_len, masks):
+    def __init__(self, cells, positions, seq_ids, read_len, cell_pos, cell_owners, windows):
         self._is_stale = False
         self._cells = cells
         self._positions = positions
         self._seq_ids = seq_ids
         self._read_len = read_len
-        self._masks = masks
+        self._table = cell_pos, cell_owners  # [read_len] views of the table, as placed
+        self._windows = tuple(windows)
+        self._masks: dict[int, np.ndarray] = {}
         self._n_tokens = int(np.count_nonzero(seq_ids >= 0))
 
     @property
@@ -107,8 +112,14 @@ class Step:
     @property
     def windows(self) -> tuple[int, ...]:
         self._check()
-        return tuple(self._masks)
+        return self._windows
 
     def mask(self, window: int) -> np.ndarray:
         """[width, read_len] uint8 copy of the mask of `window` (1 = attend)."""
-        return self._masks[check_window(window, self.windows)].copy()
+        window = check_window(window, self.windows)
+        if window not in self._masks:
+            cell_pos, cell_owners = self._table
+            self._masks[window] = window_mask(
+                cell_pos, cell_owners, self._seq_ids, self._positions, window
+            )
+        return self._masks[window].copy()
