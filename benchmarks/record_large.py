@@ -6,6 +6,8 @@ nearly full, decode-first steps with chunked prefill; 65 536 cells, 128 sequence
     python benchmarks/record_large.py                  # masks computed when read (now)
     python benchmarks/record_large.py --eager-masks    # every mask at every step (before)
     python benchmarks/record_large.py --steps 500      # a shorter run
+    python benchmarks/record_large.py --long           # decodes of 128-1024 tokens: the
+                                                       # pool fills and requests are preempted
 
 Prints the seconds of the whole run and of the recording's share, and the trace's size.
 """
@@ -29,8 +31,8 @@ class Workload:
     """Requests arriving, prefilled in chunks after the decodes, decoding, finishing, forked
     and preempted; `step()` declares and prepares one step."""
 
-    def __init__(self, cache: CellCache, rng: np.random.Generator):
-        self.cache, self.rng = cache, rng
+    def __init__(self, cache: CellCache, rng: np.random.Generator, decodes=(16, 256)):
+        self.cache, self.rng, self.decodes = cache, rng, decodes
         self.system = cache.seq_new()
         for start in range(0, SYSTEM, 256):
             cache.declare_step([self.system] * min(256, SYSTEM - start))
@@ -69,9 +71,9 @@ class Workload:
         for seq, left in list(self.prefill.items()):
             if left == 0:
                 del self.prefill[seq]
-                self.decode[seq] = int(self.rng.integers(16, 256))
+                self.decode[seq] = int(self.rng.integers(*self.decodes))
                 if self.rng.random() < 0.25 and len(self.cache.live_seqs) < 126:
-                    self.decode[self.cache.seq_clone(seq)] = int(self.rng.integers(16, 256))
+                    self.decode[self.cache.seq_clone(seq)] = int(self.rng.integers(*self.decodes))
         for seq in list(self.decode):
             self.decode[seq] -= 1
             if self.decode[seq] <= 0:
@@ -83,6 +85,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--eager-masks", action="store_true", help="the old rule, for contrast")
+    parser.add_argument("--long", action="store_true", help="decodes of 128-1024 tokens")
     args = parser.parse_args(argv)
     config = CacheConfig(n_layers=2, n_kv_heads=1, head_dim=8, windows=(0, 512),
                          capacity=65536, max_width=256, max_seqs=128, max_seq_len=4096,
@@ -92,7 +95,7 @@ def main(argv=None) -> int:
     recorder = Recorder(cache)
     if args.eager_masks:  # what prepare_step did before masks were computed when read
         cache.add_observer(lambda c, e, step: step and [step.mask(w) for w in step.windows])
-    workload = Workload(cache, np.random.default_rng(0))
+    workload = Workload(cache, np.random.default_rng(0), (128, 1024) if args.long else (16, 256))
     for _ in range(args.steps):
         workload.step()
     seconds = time.perf_counter() - started

@@ -1,4 +1,5 @@
-"""The cell table of SPEC §2: per cell a position and an owner bitset, per id a live flag."""
+"""The cell table of SPEC §2: per cell a position and an owner bitset, per id a live flag
+and the count of positions it holds."""
 
 import numpy as np
 
@@ -11,9 +12,11 @@ from numbakv.snapshot import Snapshot
 class CellTable:
     """Which cell holds which position of which sequences.
 
-    pos    : [capacity] int32, -1 = free
-    owners : [capacity, n_owner_words] uint64, bit `s % 64` of word `s // 64` = sequence s
-    live   : [max_seqs] bool
+    pos     : [capacity] int32, -1 = free
+    owners  : [capacity, n_owner_words] uint64, bit `s % 64` of word `s // 64` = sequence s
+    live    : [max_seqs] bool
+    lengths : [max_seqs] int64, positions each sequence holds (pos(seq)), kept by the verbs
+              and by `claim`, so that a step reads it without scanning the cells
 
     Invariant: every cell at or past `read_len` is free, so every search below stops
     at `read_len`.
@@ -24,6 +27,7 @@ class CellTable:
         self.pos = np.full(config.capacity, -1, dtype=np.int32)
         self.owners = np.zeros((config.capacity, config.n_owner_words), dtype=np.uint64)
         self.live = np.zeros(config.max_seqs, dtype=bool)
+        self.lengths = np.zeros(config.max_seqs, dtype=np.int64)
         self.read_len = 0
 
     # -- queries ---------------------------------------------------------------
@@ -35,7 +39,7 @@ class CellTable:
 
     def length(self, seq: int) -> int:
         """pos(seq): the positions `seq` holds, which is the position of its next token."""
-        return int(np.count_nonzero(self.holds(seq)))
+        return int(self.lengths[seq])
 
     @property
     def used_cells(self) -> int:
@@ -75,22 +79,26 @@ class CellTable:
         word, bit = _bit(seq)
         self.owners[: self.read_len, word][shared] |= bit
         self.live[seq] = True
+        self.lengths[seq] = upto
         return seq
 
     def seq_rm(self, seq) -> None:
         seq = self.check_live(seq)
         self._drop(self.holds(seq), seq)
         self.live[seq] = False
+        self.lengths[seq] = 0
 
     def rewind(self, seq, position) -> None:
         seq = self.check_live(seq)
         position = check_position("position", position, self.length(seq), seq)
         self._drop(self.holds(seq) & (self.pos[: self.read_len] >= position), seq)
+        self.lengths[seq] = position
 
     def clear(self) -> None:
         self.pos[:] = -1
         self.owners[:] = 0
         self.live[:] = False
+        self.lengths[:] = 0
         self.read_len = 0
 
     # -- placement -------------------------------------------------------------
@@ -116,11 +124,13 @@ class CellTable:
         return np.concatenate([holes, fresh])[:n].astype(np.int32)
 
     def claim(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
-        """Writes position and owner bit of each placed token into its cell."""
+        """Writes position and owner bit of each placed token into its cell; each sequence
+        then holds one past its last placed position."""
         self.pos[cells] = positions
         for cell, seq in zip(cells.tolist(), seq_ids.tolist(), strict=True):
             word, bit = _bit(seq)
             self.owners[cell, word] |= bit
+        np.maximum.at(self.lengths, seq_ids, positions.astype(np.int64) + 1)
         self.read_len = max(self.read_len, int(cells.max()) + 1)
 
     # -- invariants ------------------------------------------------------------
@@ -148,6 +158,7 @@ class CellTable:
                 np.array_equal(np.sort(held), expect),
                 f"sequence {seq} does not hold positions 0..{len(held) - 1} once each",
             )
+            _require(self.lengths[seq] == len(held), f"sequence {seq}'s length is not kept")
 
     # -- helpers ---------------------------------------------------------------
 
