@@ -31,7 +31,8 @@ def hypothesis_or_error():
     return hypothesis
 
 
-VERBS = ("step",) * 8 + ("seq_new", "seq_clone", "rewind") * 3 + ("seq_rm",) * 2 + ("clear",)
+# each verb's share of the drawn ops: steps most, clear least
+VERB_DRAWS = ("step",) * 8 + ("seq_new", "seq_clone", "rewind") * 3 + ("seq_rm",) * 2 + ("clear",)
 PICKS = 16  # an id is a pick in [0, PICKS): 3 in 4 name a live id, the rest any id
 CODES = 2**48  # an op is drawn as one integer below this, read digit by digit (`decode`)
 
@@ -62,7 +63,7 @@ def decode(code: int, reference, config: CacheConfig) -> Op:
             return live[pick % len(live)]
         return pick % (config.max_seqs + 1)  # max_seqs is never live
 
-    verb = VERBS[digits.take(len(VERBS))]
+    verb = VERB_DRAWS[digits.take(len(VERB_DRAWS))]
     if verb == "step" and not live:
         verb = "seq_new"  # an empty cache opens a sequence before any step
     if verb in ("seq_new", "clear"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbakv.checks import as_host
 from numbakv.config import CacheConfig
 from numbakv.errors import CacheError
 
@@ -71,13 +72,8 @@ def apply(cache, op: Op, config: CacheConfig):
     for layer in range(config.n_layers):
         k, v, q = step_inputs(config, step.width, group, seed, layer)
         cache.write(layer, k, v)
-        outs.append(np.asarray(_to_host(cache.attend(layer, q)), dtype=np.float32))
+        outs.append(as_host(cache.attend(layer, q)).astype(np.float32, copy=False))
     return step, outs
-
-
-def _to_host(x):
-    """A device array's host copy (numbakv's device cache returns numba arrays)."""
-    return x.copy_to_host() if hasattr(x, "copy_to_host") else x
 
 
 def outcome(cache, op: Op, config: CacheConfig):
