@@ -8,6 +8,7 @@ nearly full, decode-first steps with chunked prefill; 65 536 cells, 128 sequence
     python benchmarks/record_large.py --steps 500      # a shorter run
     python benchmarks/record_large.py --long           # decodes of 128-1024 tokens: the
                                                        # pool fills and requests are preempted
+    python benchmarks/record_large.py --save big.npz   # keep the trace for plot_large.py
 
 Prints the seconds of the whole run and of the recording's share, and the trace's size.
 """
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--eager-masks", action="store_true", help="the old rule, for contrast")
     parser.add_argument("--long", action="store_true", help="decodes of 128-1024 tokens")
+    parser.add_argument("--save", metavar="PATH", help="save the trace (.npz) for plot_large.py")
     args = parser.parse_args(argv)
     config = CacheConfig(n_layers=2, n_kv_heads=1, head_dim=8, windows=(0, 512),
                          capacity=65536, max_width=256, max_seqs=128, max_seq_len=4096,
@@ -103,6 +105,9 @@ def main(argv=None) -> int:
     print(f"{args.steps} steps, {trace.n_frames} frames, peak {trace.metrics()['used'].max()} "
           f"cells used, {workload.preemptions} preemptions: {seconds:.1f} s "
           f"({'every mask at every step' if args.eager_masks else 'masks when read'})")  # fmt: skip
+    if args.save:
+        trace.save(args.save)
+        print(f"trace saved to {args.save}")
     return 0
 
 

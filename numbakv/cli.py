@@ -11,7 +11,6 @@ is one line on stderr naming the bad argument or file.
 
 import argparse
 import pkgutil
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import NoReturn
 
 import numbakv
 
-KINDS = ("all", "cells", "timeline", "metrics", "mask")
 CHECK = "check the folder's permissions and free space"
 
 
@@ -45,16 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         "--trace", type=trace_output, metavar="FILE.npz", help="save the table per forward"
     )
     demo.set_defaults(run=_demo, parser=demo)
-    viz = commands.add_parser("viz", help="draw a trace saved by `numbakv demo --trace`")
-    viz.add_argument("trace", type=trace_input, metavar="TRACE", help="a .npz trace")
-    viz.add_argument(
-        "-o", "--output", type=image_output, metavar="FILE", required=True,
-        help="image to write; its extension picks the format (.png, .pdf, .svg, ...)",
-    )  # fmt: skip
-    viz.add_argument("--kind", choices=KINDS, default="all", help="which picture (default all)")
-    viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
-    viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
-    viz.set_defaults(run=_viz, parser=viz)
+    from numbakv.cli_viz import add_viz  # it uses this module's argument types
+
+    add_viz(commands)
     replay = commands.add_parser(
         "replay", help="replay an op log (numbakv.testing.OpLog) on a cache beside the reference"
     )
@@ -134,28 +125,6 @@ def trace_output(text: str) -> Path:
     return path
 
 
-def image_output(text: str) -> Path:
-    """An argparse type: a new file whose extension is a format matplotlib writes here. A
-    name without an extension is refused (matplotlib would add .png to it)."""
-    from matplotlib import rcParams
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    path = new_file(text)
-    formats = sorted(FigureCanvasBase.get_supported_filetypes())
-    extension = path.suffix.lower().removeprefix(".")
-    if extension not in formats:
-        found = f"has the extension .{extension}" if extension else "has no extension"
-        raise argparse.ArgumentTypeError(
-            f"{text} {found}; give one matplotlib writes: .{', .'.join(formats)}"
-        )
-    if extension == "pgf" and shutil.which(rcParams["pgf.texsystem"]) is None:
-        raise argparse.ArgumentTypeError(
-            f"{text}: .pgf needs {rcParams['pgf.texsystem']}, which is not installed; "
-            "give .pdf or .svg"
-        )
-    return path
-
-
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
@@ -178,46 +147,6 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if trace is None:
             raise
         return _fail(parser, f"cannot write the trace {trace} ({error.strerror or error}); {CHECK}")
-    return 0
-
-
-def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from numbakv.errors import TraceError
-    from numbakv.trace import load_trace
-    from numbakv.viz import plot_all, plot_cells, plot_mask, plot_metrics, plot_timeline
-
-    try:
-        trace = load_trace(args.trace)
-    except TraceError as error:
-        return _fail(parser, str(error))
-    n_steps = len(trace.step_frames)
-    if n_steps == 0:
-        return _fail(parser, f"{args.trace} records no step, so there is nothing to draw")
-    step = n_steps - 1 if args.step is None else args.step
-    if not -n_steps <= step < n_steps:
-        parser.error(
-            f"argument --step: {step} is outside the trace's {n_steps} recorded steps; "
-            f"give -{n_steps} to {n_steps - 1}"
-        )
-    windows = trace.config.distinct_windows
-    window = windows[0] if args.window is None else args.window
-    if window not in windows:
-        parser.error(f"argument --window: {window} is not one of the trace's windows {windows}")
-    step %= n_steps
-    frame = trace.step_frames[step]
-    draw = {
-        "all": lambda: plot_all(trace, step, window),
-        "cells": lambda: plot_cells(trace.snapshot(frame)),
-        "timeline": lambda: plot_timeline(trace, mark_step=step),
-        "metrics": lambda: plot_metrics(trace, mark_step=step),
-        "mask": lambda: plot_mask(trace.step(frame), window),
-    }[args.kind]
-    figure = draw()
-    try:
-        figure.savefig(args.output, dpi=100)
-    except OSError as error:
-        return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
-    print(f"wrote {args.output}")
     return 0
 
 

@@ -8,7 +8,9 @@ state on the device, only the wanted logits come back) and each decode forward r
 captured step (a CUDA graph on a GPU, recorded launches on the simulator), recaptured after
 the pool grows. Every batch also runs through the NumPy model on the reference cache
 (`Lockstep`): the tables must be equal, the sampled tokens the same and the logits close.
-Prints the occupancy map at the busiest forward, a summary table and how the forwards ran.
+The trace keeps the engine's annotations (admit, fork, finish, cancel, growth). Prints the
+occupancy map at the busiest forward, each request's cells in its letter (a, b, c … in
+submission order, as the summary table letters them), the table and how the forwards ran.
 """
 
 import itertools
@@ -31,6 +33,7 @@ from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
 from numbakv.trace import Recorder, Trace
 from numbakv.viz import render_text
+from numbakv.viz.text import SEQ_CHARS
 
 MODEL = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
 CACHE = dict(capacity=512, max_width=16, max_seqs=8, initial_cells=16, dtype="float16")
@@ -94,8 +97,8 @@ def run(
     reference_cache = ReferenceCache(MODEL.cache_config(**CACHE))
     reference = Executor(model, reference_cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
     lockstep = Lockstep(device, reference)
-    engine = Engine(lockstep, DecodeFirstScheduler(16, 8, 8))
     recorder = Recorder(cache)
+    engine = Engine(lockstep, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate)
     print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
              f"against the reference cache at every step")  # fmt: skip
     ids: dict[str, int] = {}
@@ -139,28 +142,40 @@ def check_arguments(seed: int, columns: int, trace_path: str | None) -> None:
         )
 
 
+def letter(request: int) -> str:
+    """The letter the demo draws request `request` with: a, b, c … in submission order."""
+    return SEQ_CHARS[request]
+
+
+def map_labels(trace: Trace, frame: int) -> dict[int, str]:
+    """{sequence id: its request's letter} at `frame`, from the engine's annotations."""
+    return {seq: letter(request) for seq, request in trace.seq_requests(frame).items()}
+
+
 def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None]) -> None:
     engine, trace = report.engine, report.trace
     metrics = trace.metrics()
     busiest = int(np.argmax(metrics["used"][trace.step_frames]))  # `numbakv viz --step` of it
-    snapshot = trace.snapshot(trace.step_frames[busiest])
+    frame = int(trace.step_frames[busiest])
+    snapshot = trace.snapshot(frame)
     print_fn(
         f"\nthe pool at forward {busiest}, the busiest ({int(np.count_nonzero(snapshot.n_owners))} "
-        f"cells used; a letter per sequence, * shared, . free, | read_len):"
+        f"cells used; a letter per request, * shared, . free, | read_len):"
     )
-    print_fn(render_text(snapshot, columns))
+    print_fn(render_text(snapshot, columns, map_labels(trace, frame)))
     print_fn(
-        f"\n{'request':<8} {'arrives':>7} {'prompt':>6} {'n':>2} {'tokens':>6} {'steps':>5} "
-        f"{'ttft s':>7} {'tok/s':>6}  finished"
+        f"\n{'map':<3} {'request':<8} {'arrives':>7} {'prompt':>6} {'n':>2} {'tokens':>6} "
+        f"{'steps':>5} {'ttft s':>7} {'tok/s':>6}  finished"
     )
     n_generated = 0
     for arrival in WORKLOAD:
-        done = engine.result(report.ids[arrival.name])
+        request = report.ids[arrival.name]
+        done = engine.result(request)
         m = done.metrics
         n_generated += m.n_tokens
         print_fn(
-            f"{arrival.name:<8} {arrival.step:>7} {len(done.prompt):>6} {arrival.n:>2} "
-            f"{m.n_tokens:>6} {m.n_steps:>5} {m.time_to_first_token or 0:>7.2f} "
+            f"{letter(request):<3} {arrival.name:<8} {arrival.step:>7} {len(done.prompt):>6} "
+            f"{arrival.n:>2} {m.n_tokens:>6} {m.n_steps:>5} {m.time_to_first_token or 0:>7.2f} "
             f"{m.tokens_per_second or 0:>6.1f}  {' '.join(done.finish_reasons)}"
         )
     lockstep = report.lockstep
@@ -170,7 +185,8 @@ def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None])
         f"peak {metrics['used'].max()} cells used, peak read_len {metrics['read_len'].max()}, "
         f"{cache.rows} rows allocated after {cache.growth_count} growths\n"
         f"every step checked against the reference: {lockstep.n_steps} batches, tables equal, "
-        f"tokens equal, logits within {lockstep.max_logit_error:.1e} of the largest"
+        f"tokens equal, logits within {lockstep.max_logit_error:.1e} of the largest\n"
+        "annotations: " + ", ".join(f"{n} {kind}" for kind, n in trace.annotation_counts().items())
     )
     counts = engine.metrics.forwards
     print_fn(

@@ -2,8 +2,9 @@
 
 A `Recorder` listens to a cache (either implementation) through its observer hook and
 keeps one frame per step (or per verb): the cells that changed since the previous
-frame, `read_len`, the pool's rows, the live ids and the step's tokens. A `Trace`
-replays the frames as `Snapshot`s and derives the figures the plots draw.
+frame, `read_len`, the pool's rows, the live ids and the step's tokens; `annotate` adds
+events of the caller's own (an engine's admissions and finishes) between the frames. A
+`Trace` replays the frames as `Snapshot`s and derives the figures the plots draw.
 
 `load_trace` trusts nothing in the file: `numbakv.trace_file` reads it (refusing, before
 allocating, what `save` never writes) and `numbakv.trace_checks` holds the arrays to the
@@ -12,19 +13,20 @@ a TraceError naming the reason.
 """
 
 import dataclasses
-import itertools
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from numbakv.config import CacheConfig
-from numbakv.errors import TraceError
+from numbakv.errors import ConfigError, TraceError
 from numbakv.reference.step import window_mask
-from numbakv.snapshot import FREE, Snapshot, owner_codes
-from numbakv.trace_checks import check_arrays
+from numbakv.snapshot import FREE, Snapshot
+from numbakv.trace_checks import annotation_problem, annotation_records, check_arrays, plain_data
 from numbakv.trace_file import ARRAYS, FORMAT, FRAME_EVENTS, STEP_EVENT, read_trace_file
+from numbakv.trace_scan import largest_free_run, last_changes, replay_codes, used_and_held
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,38 @@ class TraceStep:
         return window_mask(snap.pos, snap.owners, self.seq_ids, self.positions, window)
 
 
+@dataclass(frozen=True)
+class Annotation:
+    """An event a caller attached to a trace (`Recorder.annotate`), made after frame `frame`
+    (the last frame recorded before it) and before frame `frame + 1`.
+
+    frame : int, in [0, n_frames)
+    step  : int, the step it leads into: the step frames at or before `frame`
+            (`Trace.frame_steps`); an annotation after step s was prepared belongs to s + 1
+    kind  : str, e.g. "admit", "finish", "growth"
+    data  : dict of str to None, bool, int, float, str or a list of those
+    """
+
+    frame: int
+    step: int
+    kind: str
+    data: dict
+
+
 class Trace:
     """Frames of a recorded workload. Build one with `Recorder.trace()` or `load_trace`."""
 
-    def __init__(self, config: CacheConfig, arrays: dict[str, np.ndarray]):
-        """`arrays`: the arrays of `numbakv.trace_file.ARRAYS`; TraceError unless they are a
-        consistent trace of `config` (`numbakv.trace_checks.check_arrays`)."""
+    def __init__(
+        self, config: CacheConfig, arrays: dict[str, np.ndarray], annotations: object = ()
+    ):
+        """`arrays`: the arrays of `numbakv.trace_file.ARRAYS`; `annotations`: a list (or
+        tuple) of `{"frame": int, "kind": str, "data": dict}` in recording order (as saved;
+        copied in). TraceError unless they are a consistent trace of `config`
+        (`numbakv.trace_checks`)."""
         check_arrays(config, arrays)
         self.config = config
         self.arrays = arrays
+        self._annotations = annotation_records(len(arrays["events"]), annotations)
 
     @property
     def n_frames(self) -> int:
@@ -74,6 +99,52 @@ class Trace:
     def step_frames(self) -> np.ndarray:
         """[n_steps] int64: the frames that follow a `prepare_step`."""
         return np.flatnonzero(self.arrays["events"] == STEP_EVENT)
+
+    @property
+    def frame_steps(self) -> np.ndarray:
+        """[n_frames] int64: the step each frame belongs to, one clock for frames and
+        annotations. Steps are numbered by their frames: the k-th `prepare_step` frame
+        (from 0) is step k. A frame belongs to the step frames strictly before it: a step
+        frame to its own step, a verb frame between steps k - 1 and k to step k (what happens
+        between steps is drawn at the step it leads into), frames after the last step to
+        n_steps. An annotation after frame f belongs to the step frames at or before f.
+
+            events       start seq_new prepare_step seq_rm prepare_step prepare_step seq_rm
+            frame_steps  0     0       0            1      1            2            3
+        """
+        is_step = self.arrays["events"] == STEP_EVENT
+        return (np.cumsum(is_step) - is_step).astype(np.int64)
+
+    @property
+    def annotations(self) -> tuple[Annotation, ...]:
+        """Every annotation, in recording order (fresh copies: changing one changes nothing)."""
+        steps = np.cumsum(self.arrays["events"] == STEP_EVENT).tolist()
+        return tuple(
+            Annotation(r["frame"], steps[r["frame"]], r["kind"], plain_data(r["data"]))
+            for r in self._annotations
+        )
+
+    def annotation_counts(self) -> dict[str, int]:
+        """{kind: how many annotations of that kind}, kinds in order of first appearance."""
+        return dict(Counter(r["kind"] for r in self._annotations))
+
+    def seq_requests(self, frame: int) -> dict[int, int]:
+        """{sequence id: request id} at `frame`: what the bindings before it say."""
+        frame = range(self.n_frames)[frame]
+        return {seq: request for f, seq, request in self.seq_bindings().tolist() if f < frame}
+
+    def seq_bindings(self) -> np.ndarray:
+        """[n, 3] int64 rows (frame, seq, request) in recording order: an annotation whose
+        data has an int `request` and an int `seq` or a list of ints `seqs` binds those ids
+        to that request from the next frame on; a later binding of the same id replaces it
+        (a closed sequence's id reused by another request)."""
+        rows = []
+        for r in self._annotations:
+            data = r["data"]
+            seqs = data["seqs"] if isinstance(data.get("seqs"), list) else [data.get("seq")]
+            if _is_id(data.get("request")):
+                rows += [(r["frame"], seq, data["request"]) for seq in seqs if _is_id(seq)]
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     @property
     def widths(self) -> np.ndarray:
@@ -103,7 +174,16 @@ class Trace:
     def snapshot(self, frame: int) -> Snapshot:
         """The table at `frame` (negative counts from the end)."""
         frame = range(self.n_frames)[frame]
-        return next(itertools.islice(self.snapshots(), frame, None))
+        a = self.arrays
+        read_len = int(a["read_len"][frame])
+        last = last_changes(a, frame)
+        last = last[a["delta_cells"][last] < read_len]  # cells past read_len are free now
+        pos = np.full(read_len, -1, dtype=np.int32)
+        owners = np.zeros((read_len, self.config.n_owner_words), dtype=np.uint64)
+        cells = a["delta_cells"][last]
+        pos[cells], owners[cells] = a["delta_pos"][last], a["delta_owners"][last]
+        return Snapshot(pos=pos, owners=owners, live=a["live"][frame].copy(), read_len=read_len,
+                        capacity=self.config.capacity, rows=int(a["rows"][frame]))  # fmt: skip
 
     def step(self, frame: int) -> TraceStep:
         """The step recorded at `frame`, which must follow a `prepare_step`."""
@@ -130,13 +210,9 @@ class Trace:
         fragmentation : 1 - used / read_len (0 when read_len is 0): free holes below read_len
         width         : step width (0 for frames that are not steps)
         growth        : True where the pool grew (or was first allocated)
+        largest_free  : the longest run of free cells among the allocated rows
         """
-        used, held = [], []
-        for snap in self.snapshots():
-            n_owners = snap.n_owners
-            used.append(np.count_nonzero(n_owners))
-            held.append(int(n_owners.sum()))
-        used, held = np.array(used), np.array(held)
+        used, held = used_and_held(self.arrays)
         read_len = self.arrays["read_len"].astype(np.int64)
         rows = self.arrays["rows"].astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -149,6 +225,7 @@ class Trace:
             "fragmentation": fragmentation,
             "width": self.widths,
             "growth": np.diff(rows, prepend=0) > 0,
+            "largest_free": largest_free_run(self.arrays),
         }
 
     def timeline(self, frames=None) -> np.ndarray:
@@ -160,16 +237,17 @@ class Trace:
         frames = self.step_frames if frames is None else np.asarray(frames, dtype=np.int64)
         n_cells = int(self.arrays["read_len"].max(initial=0))
         out = np.full((len(frames), n_cells), FREE, dtype=np.int32)
-        wanted = {int(f): i for i, f in enumerate(frames)}
-        for f, snap in enumerate(self.snapshots()):
-            if f in wanted:
-                out[wanted[f], : snap.read_len] = owner_codes(snap.owners)
+        rows = {int(f): i for i, f in enumerate(frames)}
+        for f, codes, _ in replay_codes(self.arrays, n_cells):
+            if f in rows:
+                out[rows[f]] = codes
         return out
 
     def save(self, path) -> None:
-        """Writes the trace to one compressed `.npz` file."""
+        """Writes the trace to one compressed `.npz` file (`numbakv.trace_file`)."""
         header = json.dumps({"format": FORMAT, "config": dataclasses.asdict(self.config)})
-        np.savez_compressed(path, header=np.array(header), **self.arrays)
+        annotations = np.array(json.dumps(self._annotations, allow_nan=False))
+        np.savez_compressed(path, header=np.array(header), annotations=annotations, **self.arrays)
 
 
 class Recorder:
@@ -177,6 +255,7 @@ class Recorder:
 
     >>> recorder = Recorder(cache)      # frame 0: the table now
     >>> ...                             # run the workload
+    >>> recorder.annotate("admit", request=0, seqs=[0])   # an event between frames
     >>> recorder.save("run.npz")        # load_trace("run.npz") gives it back
 
     Each frame stores only the cells that changed since the one before, so a decode
@@ -190,12 +269,32 @@ class Recorder:
         self._pos = np.zeros(0, dtype=np.int32)
         self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
         self._columns: dict[str, list] = {name: [] for name in ARRAYS}
+        self._annotations: list[dict] = []
         self._record(cache, "start", None)
         cache.add_observer(self._on_event)
 
     def close(self) -> None:
         """Stops recording; frames so far stay."""
         self._cache.remove_observer(self._on_event)
+
+    def annotate(self, kind: str, **data) -> None:
+        """Attaches an event to the trace now: after the frames recorded so far (its `frame`
+        is the last of them), so it belongs to the step it leads into (`Trace.frame_steps`).
+        It touches neither the cache nor the frames. An engine takes this method as its
+        `annotate` hook (`Engine(..., annotate=recorder.annotate)`).
+
+        kind : 1 to 64 ASCII letters, digits or underscores, not starting with a digit,
+               e.g. "admit", "finish", "growth" or one of your own
+        data : keyword arguments of such names, each None, a bool, an int in int64's range,
+               a finite float, a str, or a list or tuple of those (stored as a list)
+
+        Refused with ConfigError naming the bad value, and nothing recorded, otherwise.
+        """
+        problem = annotation_problem(kind, data)
+        if problem is not None:
+            raise ConfigError(f"{problem}; nothing was recorded")
+        frame = len(self._columns["events"]) - 1
+        self._annotations.append({"frame": frame, "kind": kind, "data": plain_data(data)})
 
     def _on_event(self, cache, event: str, step) -> None:
         if step is not None or self.every_verb:
@@ -239,7 +338,7 @@ class Recorder:
             "step_positions": np.concatenate(c["step_positions"]).astype(np.int32),
             "step_seq_ids": np.concatenate(c["step_seq_ids"]).astype(np.int32),
         }
-        return Trace(self.config, arrays)
+        return Trace(self.config, arrays, self._annotations)
 
     def save(self, path) -> None:
         """Writes the frames recorded so far to one `.npz` file."""
@@ -250,9 +349,9 @@ def load_trace(path) -> Trace:
     """Reads a trace written by `Recorder.save`. Raises TraceError, naming the reason, for a
     missing, damaged, hostile or inconsistent file (`numbakv.trace_file`,
     `numbakv.trace_checks`); every accessor of a trace that loads works."""
-    config, arrays = read_trace_file(path)
+    config, arrays, annotations = read_trace_file(path)
     try:
-        return Trace(config, arrays)
+        return Trace(config, arrays, annotations)
     except TraceError as error:
         raise TraceError(
             f"{path} is not a consistent numbakv trace ({error}); record it again"
@@ -276,6 +375,11 @@ def _changes(old_pos, old_owners, new_pos, new_owners):
     )
     cells = np.flatnonzero((old_pos != new_pos) | (old_owners != new_owners).any(axis=1))
     return cells.astype(np.int32), new_pos[cells], new_owners[cells]
+
+
+def _is_id(value: object) -> bool:
+    """True for an int >= 0 that is not a bool: a sequence or request id."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _offsets(chunks: list[np.ndarray]) -> np.ndarray:

@@ -2,14 +2,19 @@
 loaded (replay, `step(f).mask(w)`, metrics, timeline) works (numba-free).
 
 They are the cell table's (SPEC §2) read off the recorded changes: vectorized over the
-changes and the frames, never replaying the table frame by frame.
+changes and the frames, never replaying the table frame by frame. Annotations (events a
+caller attached to the trace, `Recorder.annotate`) are held to their own rules:
+`annotation_problem` for one, `annotation_records` for a trace's list of them.
 """
+
+import math
+import re
 
 import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
-from numbakv.trace_file import ARRAYS, FRAME_EVENTS, STEP_EVENT
+from numbakv.trace_file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
@@ -174,18 +179,36 @@ def _check_extent(a: dict[str, np.ndarray], h: _History) -> None:
 
 
 def _check_owners_live(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
-    """Every owner of a cell is live for as long as the cell holds it."""
-    seen = np.bitwise_or.reduce(h.owners, axis=0)  # [n_owner_words]: every owner of a change
-    owners = np.flatnonzero(np.unpackbits(seen.view(np.uint8), bitorder="little"))
-    for seq in owners.tolist():  # only the ids that own a cell, never all max_seqs
-        word, bit = divmod(seq, 64)
-        has = np.flatnonzero((h.owners[:, word] >> np.uint64(bit)) & np.uint64(1))
-        dead = np.concatenate([[0], np.cumsum(~a["live"][:, seq])])  # [n_frames + 1]
-        if (i := _first(dead[h.end[has]] != dead[h.start[has]])) is not None:
-            raise TraceError(
-                f"cell {h.cells[has[i]]} is owned by sequence {seq} from frame "
-                f"{h.start[has[i]]} while that sequence is not live"
-            )
+    """Every owner of a cell is live for as long as the cell holds it: no owner of change i
+    is dead at any frame of [start[i], end[i])."""
+    dead = _dead_during(a["live"], h.start, h.end)  # [n_changes, n_owner_words] uint64
+    if (i := _first((h.owners & dead).any(axis=1))) is not None:
+        words = (h.owners[i] & dead[i]).tolist()
+        word = next(w for w, bits in enumerate(words) if bits)
+        seq = 64 * word + (words[word] & -words[word]).bit_length() - 1  # its lowest such id
+        raise TraceError(
+            f"cell {h.cells[i]} is owned by sequence {seq} from frame {h.start[i]} while "
+            f"that sequence is not live"
+        )
+
+
+def _dead_during(live: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """[n, words] uint64: the ids not live at some frame of [start[i], end[i]) (end > start),
+    by range-OR over a sparse table of each frame's dead ids (log2 n_frames levels)."""
+    n_frames, max_seqs = live.shape
+    padded = np.zeros((n_frames, -(-max_seqs // 64) * 64), dtype=bool)
+    padded[:, :max_seqs] = ~live
+    levels = [np.packbits(padded, axis=1, bitorder="little").view(np.uint64)]
+    while 2 ** len(levels) <= n_frames:
+        half, prev = 2 ** (len(levels) - 1), levels[-1]
+        levels.append(prev[: len(prev) - half] | prev[half:])  # frames [i, i + 2 half)
+    k = np.log2(end - start).astype(np.int64)  # exact for int64 below 2 ** 52
+    out = np.zeros((len(start), levels[0].shape[1]), dtype=np.uint64)
+    for level in np.unique(k).tolist():
+        at = np.flatnonzero(k == level)
+        table = levels[level]
+        out[at] = table[start[at]] | table[end[at] - 2**level]
+    return out
 
 
 def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
@@ -232,3 +255,86 @@ def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> 
             f"frame {f[i]}'s step puts sequence {s[i]} position {p[i]} in cell {c[i]}, but "
             f"the table holds position {held_pos[i]} there, or other owners"
         )
+
+
+# -- annotations ---------------------------------------------------------------------
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a kind or a data key: identifier-like
+_NAME_RULE = "1 to 64 ASCII letters, digits or underscores, not starting with a digit"
+SCALARS = (bool, int, float, str, type(None))  # in the order `_plain` tries them
+INT64 = range(-(2**63), 2**63)
+
+
+def annotation_problem(kind: object, data: object) -> str | None:
+    """Why (`kind`, `data`) cannot be an annotation, naming the bad value; None when it can.
+
+    kind : a str of 1 to 64 ASCII letters, digits and underscores, not starting with a digit
+    data : a dict of such keys to JSON-safe values: None, bool, an int in int64's range, a
+           finite float, a str, or a list or tuple of those (no nesting)
+    """
+    if not isinstance(kind, str) or not NAME.fullmatch(kind):
+        return f"an annotation's kind must be {_NAME_RULE}; got {short(kind)}"
+    if not isinstance(data, dict):
+        return f"an annotation's data must be a dict; got {short(data)}"
+    for key, value in data.items():
+        if not isinstance(key, str) or not NAME.fullmatch(key):
+            return f"{kind} annotation: a data key must be {_NAME_RULE}; got {short(key)}"
+        items = value if isinstance(value, list | tuple) else [value]
+        bad = [item for item in items if not _is_scalar(item)]
+        if bad:
+            return (
+                f"{kind} annotation: {key}={short(value)} is not JSON-safe ({short(bad[0])}); "
+                "give None, a bool, an int64, a finite float, a str or a list of those"
+            )
+    return None
+
+
+def annotation_records(n_frames: int, records: object) -> list[dict]:
+    """`records` (parsed JSON) as a trace's annotations: a list of {"frame", "kind", "data"}
+    dicts, each frame an int in [0, n_frames), frames non-decreasing, each (kind, data)
+    passing `annotation_problem`; TraceError naming the first that does not. Returns
+    copies (`plain_data`)."""
+    if not isinstance(records, list | tuple):
+        raise TraceError(f"a trace's annotations are a list; got {short(records)}")
+    out, last = [], 0
+    for i, record in enumerate(records):
+        if not isinstance(record, dict) or record.keys() != {"frame", "kind", "data"}:
+            raise TraceError(f"annotation {i} is not {{frame, kind, data}}: {short(record)}")
+        frame = record["frame"]
+        if isinstance(frame, bool) or not isinstance(frame, int) or not 0 <= frame < n_frames:
+            raise TraceError(
+                f"annotation {i} follows frame {short(frame)}, outside [0, n_frames={n_frames})"
+            )
+        if frame < last:
+            raise TraceError(
+                f"annotation {i} follows frame {frame}, before annotation {i - 1}'s frame "
+                f"{last}; annotations are in recording order"
+            )
+        problem = annotation_problem(record["kind"], record["data"])
+        if problem is not None:
+            raise TraceError(f"annotation {i}: {problem}")
+        out.append({"frame": frame, "kind": record["kind"], "data": plain_data(record["data"])})
+        last = frame
+    return out
+
+
+def plain_data(data: dict) -> dict:
+    """A copy of an annotation's data (one `annotation_problem` passed) in Python's own
+    types: lists for tuples, `bool`/`int`/`float`/`str` for their subclasses (numpy's
+    float64, an IntEnum), so it saves as JSON and loads back equal."""
+    return {
+        key: [_plain(v) for v in value] if isinstance(value, list | tuple) else _plain(value)
+        for key, value in data.items()
+    }
+
+
+def _plain(value: object) -> object:
+    return next((kind(value) for kind in SCALARS[:4] if isinstance(value, kind)), None)
+
+
+def _is_scalar(value: object) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value in INT64
+    return isinstance(value, SCALARS)

@@ -1,17 +1,22 @@
 """The `.npz` trace file: its arrays, and reading one without trusting it (numba-free).
 
 A trace file is a zip of `.npy` members: `header.npy` (a JSON string: the format and the
-cache's config) and one member per entry of ARRAYS. `read_trace_file` refuses, before it
-allocates anything, what `Trace.save` never writes: another file type, an encrypted member
-or a compression method other than stored/deflate, a member that would expand past
-deflate's limit, an `.npy` header whose shape needs more (or fewer) bytes than the member
-holds, a dtype other than the expected one (object dtypes, i.e. pickles, included).
-`numbakv.trace_checks` then holds the arrays to the cell table's invariants.
+cache's config), one member per entry of ARRAYS and, from format 2 on, `annotations.npy`
+(a JSON string: the list of annotations, each `{"frame": int, "kind": str, "data": {...}}`,
+in recording order). Format 1 files (no annotations) still load, with none.
+`read_trace_file` refuses, before it allocates anything, what `Trace.save` never writes:
+another file type, an encrypted member or a compression method other than stored/deflate,
+a member that would expand past deflate's limit, an `.npy` header whose shape needs more
+(or fewer) bytes than the member holds, a dtype other than the expected one (object
+dtypes, i.e. pickles, included), text that is not UTF-32 or not strict JSON.
+`numbakv.trace_checks` then holds the arrays to the cell table's invariants and the
+annotations to theirs.
 """
 
 import json
 import math
 import os
+import reprlib
 import struct
 import tokenize
 import zipfile
@@ -25,7 +30,8 @@ from numbakv.config import CacheConfig
 from numbakv.errors import CacheError, TraceError
 from numbakv.observe import EVENTS
 
-FORMAT = "numbakv-trace/1"
+FORMAT = "numbakv-trace/2"  # what `Trace.save` writes
+FORMATS = ("numbakv-trace/1", FORMAT)  # what `read_trace_file` reads; /1 has no annotations
 FRAME_EVENTS = ("start", *EVENTS)
 STEP_EVENT = FRAME_EVENTS.index("prepare_step")
 
@@ -44,7 +50,8 @@ ARRAYS = {
     "step_positions": (np.int32, 0),  # [n_rows]
     "step_seq_ids": (np.int32, 0),  # [n_rows]
 }
-MEMBERS = ("header", *ARRAYS)
+MEMBERS = ("header", *ARRAYS)  # every trace file's
+TEXT_MEMBERS = ("header", "annotations")  # 0-d str members, each a JSON text
 MAX_DEFLATE_RATIO = 1032  # deflate expands a stream by at most this factor
 NPY_VERSIONS = {(1, 0): read_array_header_1_0, (2, 0): read_array_header_2_0}
 # what a damaged zip raises from zipfile and zlib (reading it or its members)
@@ -57,12 +64,14 @@ HEADER_ERRORS = (ValueError, TypeError, KeyError, SyntaxError, RecursionError, t
 ADVICE = "record it again (Recorder.save or `numbakv demo --trace`)"
 
 
-def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray]]:
-    """(config, arrays) of the trace file at `path`, arrays as ARRAYS names them (not yet
-    checked against each other: `check_arrays` does that); TraceError for anything else."""
+def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray], object]:
+    """(config, arrays, annotations) of the trace file at `path`: arrays as ARRAYS names them
+    (not yet checked against each other: `check_arrays` does that), annotations as parsed
+    from the JSON (not yet checked: `annotation_records` does that; [] for format 1);
+    TraceError for anything else."""
     path = Path(path)
     try:
-        header, arrays = _read(path)
+        header, arrays, annotations = _read(path)
     except FileNotFoundError:
         raise TraceError(f"no trace file at {path}; check the path") from None
     except IsADirectoryError:
@@ -74,26 +83,33 @@ def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray]]:
     except ZIP_ERRORS as error:
         reason = _reason(error)
         raise TraceError(f"{path} is not a readable numbakv trace ({reason}); {ADVICE}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        found = header.get("format") if isinstance(header, dict) else type(header).__name__
-        raise TraceError(f"{path} is not a {FORMAT} file (its header says {found!r}); {ADVICE}")
     try:
         config = CacheConfig(**header["config"])
     except (CacheError, TypeError, ValueError, KeyError, RecursionError) as error:
         raise TraceError(f"{path} holds a bad cache config ({_reason(error)}); {ADVICE}") from None
-    return config, arrays
+    return config, arrays, annotations
 
 
 class _Refused(Exception):
     """An archive or member that `Trace.save` never writes (the message says which)."""
 
 
+def short(value: object) -> str:
+    """`repr(value)`, cut short: a hostile file's values may be huge or deeply nested."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+
+
 def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:200]
 
 
-def _read(path: Path) -> tuple[object, dict[str, np.ndarray]]:
-    """(the parsed JSON header, the arrays) of the archive at `path`."""
+def _read(path: Path) -> tuple[dict, dict[str, np.ndarray], object]:
+    """(the parsed JSON header, the arrays, the parsed JSON annotations) of the archive at
+    `path`; the header's format is one of FORMATS and the members are that format's."""
     with open(path, "rb") as file:
         if file.read(6) == b"\x93NUMPY":
             raise _Refused(
@@ -103,20 +119,46 @@ def _read(path: Path) -> tuple[object, dict[str, np.ndarray]]:
         size = os.fstat(file.fileno()).st_size
         with zipfile.ZipFile(file) as archive:
             members = _members(archive, size)
-            arrays = {name: _read_member(archive, members[name], name) for name in MEMBERS}
+            header = _json("header", _read_member(archive, members["header"], "header"))
+            if not isinstance(header, dict) or header.get("format") not in FORMATS:
+                found = header.get("format") if isinstance(header, dict) else header
+                formats = " or ".join(FORMATS)
+                raise _Refused(f"its header names format {short(found)}, not {formats}")
+            has_annotations = header["format"] != FORMATS[0]
+            if has_annotations != ("annotations" in members):
+                raise _Refused(
+                    f"a {header['format']} file has "
+                    f"{'an' if has_annotations else 'no'} annotations.npy member; this one "
+                    f"{'lacks it' if has_annotations else 'has one'}"
+                )
+            arrays = {name: _read_member(archive, members[name], name) for name in ARRAYS}
+            annotations = []
+            if has_annotations:
+                text = _read_member(archive, members["annotations"], "annotations")
+                annotations = _json("annotations", text)
+    return header, arrays, annotations
+
+
+def _json(name: str, text: np.ndarray) -> object:
+    """The JSON value of a text member (a 0-d str array), strict: no NaN or Infinity."""
     try:
-        header = json.loads(str(arrays.pop("header")[()]))
+        little = np.ascontiguousarray(text, dtype=text.dtype.newbyteorder("<"))
+        return json.loads(little.tobytes().decode("utf-32-le").rstrip("\x00"), parse_constant=_nan)
     except (ValueError, RecursionError) as error:
-        raise _Refused(f"its header is not JSON: {_reason(error)}") from None
-    return header, arrays
+        raise _Refused(f"its {name} is not JSON: {_reason(error)}") from None
+
+
+def _nan(constant: str) -> None:
+    raise ValueError(f"{constant} is not strict JSON")
 
 
 def _members(archive: zipfile.ZipFile, size: int) -> dict[str, zipfile.ZipInfo]:
-    """The ZipInfo of each of MEMBERS, once each, each plausible in a file of `size` bytes."""
+    """The ZipInfo of each of MEMBERS and of annotations.npy when there is one, once each,
+    each plausible in a file of `size` bytes."""
     found: dict[str, zipfile.ZipInfo] = {}
     for info in archive.infolist():
         name = info.filename.removesuffix(".npy")
-        if name in MEMBERS and info.filename.endswith(".npy"):
+        if name in (*MEMBERS, "annotations") and info.filename.endswith(".npy"):
             if name in found:
                 raise _Refused(f"it holds two {info.filename} members")
             found[name] = info
@@ -155,7 +197,7 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> 
             raise _Refused(f"member {info.filename}: {_reason(error)}") from None
         if dtype.hasobject:
             raise _Refused(f"member {info.filename} holds Python objects (a pickle); refused")
-        if name == "header":
+        if name in TEXT_MEMBERS:
             is_expected, want = dtype.kind == "U" and shape == (), "a str"
         else:
             want_dtype, n_dims = np.dtype(ARRAYS[name][0]), ARRAYS[name][1] + 1

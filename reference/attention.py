@@ -59,6 +59,44 @@ def attend_cells(
     return out
 
 
+def attend_gathered(
+    q: np.ndarray,
+    k_pool: np.ndarray,
+    v_pool: np.ndarray,
+    seq_cells: dict[int, np.ndarray],
+    seq_ids: np.ndarray,
+    positions: np.ndarray,
+    window: int,
+    scale: np.float32,
+    dtype: str = "float32",
+) -> np.ndarray:
+    """[width, n_heads, head_dim] float32: each token attends its own sequence's cells of
+    its window, in position order; no [width, read_len] mask.
+
+    q         : [width, n_heads, head_dim] float32
+    k_pool    : [rows, n_kv_heads, head_dim] of storage dtype `dtype`, v_pool the same
+    seq_cells : {seq: [pos(seq)] int32}, each sequence of the step's cells in position
+                order (`CellTable.cells_of`)
+    seq_ids   : [width] int32, sequence of each token, -1 = padding (gives 0)
+    positions : [width] int32, position of each token
+    window    : 0 = global, W > 0 = the token at p sees positions max(0, p-W+1) .. p
+
+    The same cells as the mask rule of SPEC §3 (owned by the token's sequence, position in
+    its window), in another order, so equal to `attend_cells` up to float32 summation
+    order. Only those cells are read: free or foreign cells may hold anything.
+    """
+    out = np.zeros(q.shape, dtype=np.float32)
+    for t, (seq, p) in enumerate(zip(seq_ids.tolist(), positions.tolist(), strict=True)):
+        if seq < 0:
+            continue  # padding
+        first = max(0, p - window + 1) if window > 0 else 0
+        cells = seq_cells[seq][first : p + 1]  # [seen] by position
+        k = to_float32(k_pool[cells], dtype)
+        v = to_float32(v_pool[cells], dtype)
+        out[t] = softmax_attend(q[t], k, v, scale)
+    return out
+
+
 def solo_attention(
     q: np.ndarray,
     k_hist: np.ndarray,

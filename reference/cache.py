@@ -17,7 +17,7 @@ from numbakv.errors import AllocationError, ConfigError, StepError
 from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
 
-from .attention import attend_cells
+from .attention import attend_cells, attend_gathered
 from .pool import Allocator, KVPool, numpy_allocator
 from .step import Step
 from .table import CellTable
@@ -174,10 +174,15 @@ class CellCache(Observable):
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads; query head h
                 reads KV head h // (n_heads // n_kv_heads)
         scale : a finite positive real, default 1 / sqrt(head_dim)
-        mode  : "gathered" or "masked", the device's two kernels; the reference computes
-                both the same way, from the mask
+        mode  : "gathered" or "masked", the device's two kernels. "gathered" reads each
+                token's own cells of its window in position order (`CellTable.cells_of`
+                once per distinct sequence, `attention.attend_gathered`) and computes no
+                mask; "masked" reads the cells of the window's mask row (`Step.mask`,
+                `attention.attend_cells`). The same cells, so the same result up to float32
+                summation order.
 
-        softmax(q·K[c]ᵀ·scale) · V[c] over the cells of the layer's window mask, in float32;
+        softmax(q·K[c]ᵀ·scale) · V[c] over the cells the layer's window lets a token see
+        (the mask rule of SPEC §3), in float32;
         rows that see no cell (padding) give 0; NaN and inf in what a token sees follow
         float32 arithmetic (`attention.softmax_attend`). Requires `write(layer, ...)` in
         this step.
@@ -192,10 +197,14 @@ class CellCache(Observable):
         q = host_floats("q", q)
         check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
-        mask = step.mask(self.config.windows[layer])
         q = q.astype(np.float32)
+        window = self.config.windows[layer]
         k, v, dtype = self._pool.k[layer], self._pool.v[layer], self.config.dtype
-        return attend_cells(q, k, v, mask, scale, dtype)
+        if mode == "masked":
+            return attend_cells(q, k, v, step.mask(window), scale, dtype)
+        seq_ids, positions = step.seq_ids, step.positions
+        seq_cells = {seq: self._table.cells_of(seq) for seq in set(seq_ids.tolist()) - {-1}}
+        return attend_gathered(q, k, v, seq_cells, seq_ids, positions, window, scale, dtype)
 
     # -- state -----------------------------------------------------------------
 

@@ -41,6 +41,17 @@ class CellTable:
         """pos(seq): the positions `seq` holds, which is the position of its next token."""
         return int(self.lengths[seq])
 
+    def cells_of(self, seq: int) -> np.ndarray:
+        """[pos(seq)] int32: `seq`'s cells in position order (entry i holds position i).
+
+        O(read_len): the cells with `seq`'s owner bit, each put at its position; the
+        invariant (positions 0 .. pos(seq)-1, one cell each) fills every entry once.
+        """
+        held = np.flatnonzero(self.holds(seq))
+        cells = np.empty(self.length(seq), dtype=np.int32)
+        cells[self.pos[held]] = held
+        return cells
+
     @property
     def used_cells(self) -> int:
         return int(np.count_nonzero(self.pos[: self.read_len] >= 0))

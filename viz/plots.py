@@ -1,178 +1,234 @@
 """Matplotlib pictures of the pool. No pyplot: every function builds a `Figure` (or draws
 into one passed in, e.g. a subfigure) and returns it; save with `fig.savefig(path)`.
+
+Every picture takes the same keywords: `cells=(A, B)` and `steps=(A, B)` zoom (half-open,
+recorded step numbers), `bin=N` sets the cells per pixel column, `dpi` the figure's
+resolution, `by="request" | "seq"` what colours stand for. Without `bin` a picture fits
+its pixels: a pool larger than the picture is drawn in blocks, each pixel aggregating the
+cells (and steps) it covers (`numbakv.viz.pixels`). Each figure keeps the data it drew as
+`fig.numbakv` (a dict), for tests and for anyone who wants the numbers.
 """
 
 import numpy as np
-from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
-from numbakv.snapshot import FREE, SHARED, Snapshot
+from numbakv.snapshot import Snapshot
 from numbakv.trace import Trace
 
-# Okabe & Ito's colour-blind-safe palette, without its black (black marks shared cells)
-PALETTE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
-FREE_COLOUR, SHARED_COLOUR, MARK_COLOUR = "#FFFFFF", "#000000", "#D00000"
-UNALLOCATED_COLOUR = "#DDDDDD"
+from .layout import (
+    axes_pixels,
+    bin_size,
+    binned_note,
+    new_figure,
+    owner_legend,
+    shade,
+    span,
+    steps_of,
+)
+from .owners import (
+    MARK_COLOUR,
+    MIXED,
+    READ_LEN_COLOUR,
+    UNALLOCATED_COLOUR,
+    Owners,
+    owners_of,
+    snapshot_owners,
+)
+from .panels import annotation_marks, plot_locality, plot_metrics
+from .pixels import mask_pixels, owner_pixels, table_pixels
 
 
-def seq_colour(seq: int) -> str:
-    """The colour of sequence id `seq`: stable for an id, cycling through PALETTE."""
-    return PALETTE[seq % len(PALETTE)]
+def plot_cells(
+    source: Snapshot | Trace,
+    step: int = -1,
+    *,
+    cells=None,
+    bin=None,
+    columns=None,
+    by=None,
+    dpi: float = 100,
+    fig: Figure | None = None,
+    owners: Owners | None = None,
+) -> Figure:
+    """The pool at one moment as a grid of blocks (row-major, `columns` blocks per line),
+    colour = owner; `source` a Snapshot or a Trace (then recorded step `step`).
 
-
-def owner_colours(max_seqs: int) -> tuple[ListedColormap, BoundaryNorm]:
-    """A colormap and norm taking owner codes (SHARED, FREE, 0 … max_seqs-1) to colours."""
-    colours = [SHARED_COLOUR, FREE_COLOUR] + [seq_colour(s) for s in range(max_seqs)]
-    bounds = np.arange(SHARED, max_seqs + 1) - 0.5
-    return ListedColormap(colours), BoundaryNorm(bounds, len(colours))
-
-
-def _legend(ax, seq_ids, n_shown: int = 8) -> None:
-    handles = [Patch(facecolor=FREE_COLOUR, edgecolor="grey", label="free")]
-    handles.append(Patch(facecolor=SHARED_COLOUR, label="shared"))
-    handles += [Patch(facecolor=seq_colour(s), label=f"seq {s}") for s in seq_ids[:n_shown]]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-
-
-def cell_grid(snapshot: Snapshot, columns: int) -> np.ma.MaskedArray:
-    """[ceil(n / columns), columns] owner codes of cells [0, n), n = max(rows, read_len);
-    grid places past n are masked. Cells past read_len are FREE."""
-    n = max(snapshot.rows, snapshot.read_len, 1)
-    codes = np.full(-(-n // columns) * columns, FREE, dtype=np.int32)
-    codes[: snapshot.read_len] = snapshot.codes
-    mask = np.arange(len(codes)) >= n
-    return np.ma.masked_array(codes, mask).reshape(-1, columns)
-
-
-def plot_cells(snapshot: Snapshot, columns: int | None = None, fig: Figure | None = None) -> Figure:
-    """The pool as a grid of cells (row-major, `columns` per line), colour = owner.
-
-    Free cells are white, shared cells black, each sequence id has its own colour; a red
-    bar stands before cell `read_len`; the grid ends at the pool's allocated rows.
-    Default columns: the power of two nearest sqrt(2 n), for a grid about twice as wide
-    as tall.
+    A block is `bin` cells (default: 1 when the grid fits the picture, else the fewest that
+    fit); its colour is the majority owner's, as light as the block is empty. Free white,
+    shared black; a red bar stands before read_len; grey past the pool's allocated rows.
     """
-    fig = fig or Figure(figsize=(10, 6), layout="constrained")
+    fig = new_figure(fig, (10, 6), dpi)
+    if isinstance(source, Trace):
+        frame = source.step_frames[range(steps_of(source))[step]]
+        snap, owners = source.snapshot(frame), owners or owners_of(source, by)
+        groups = owners.seq_groups[frame]
+    else:
+        snap, owners = source, owners or snapshot_owners(source)
+        groups = owners.seq_groups[0]
+    n = max(snap.rows, snap.read_len, 1)
+    lo, hi = span(cells, n, "cells")
     ax = fig.subplots()
-    n = max(snapshot.rows, snapshot.read_len, 1)
+    owner_legend(ax, owners, mixed=True)  # its room, before measuring the picture's
+    width, height = axes_pixels(ax)
+    block = bin_size(hi - lo, width * height / 4, bin, "bin")  # at least 2 x 2 pixels a block
+    pixels = table_pixels(snap.codes, groups, (lo, hi), block)
+    n_blocks = len(pixels.label[0])
     if columns is None:
-        columns = 2 ** round(np.log2(np.sqrt(2 * n)))
-    columns = max(1, min(columns, n))
-    cmap, norm = owner_colours(len(snapshot.live))
-    ax.set_facecolor(UNALLOCATED_COLOUR)  # grid places past the pool's rows are masked
-    ax.imshow(cell_grid(snapshot, columns), cmap=cmap, norm=norm, interpolation="nearest")
-    row, col = divmod(snapshot.read_len, columns)
-    ax.plot([col - 0.5, col - 0.5], [row - 0.5, row + 0.5], color=MARK_COLOUR, linewidth=3)
+        columns = 2 ** round(np.log2(np.sqrt(2 * n_blocks)))
+    columns = max(1, min(int(columns), n_blocks))
+    grid_rows = -(-n_blocks // columns)
+    rgb = np.ones((grid_rows * columns, 3))
+    rgb[:n_blocks] = shade(owners, pixels)[0]
+    past_rows = pixels.cell_edges[:-1] >= snap.rows
+    rgb[:n_blocks][past_rows] = _rgb(UNALLOCATED_COLOUR)
+    rgb[n_blocks:] = _rgb(UNALLOCATED_COLOUR)
+    ax.imshow(rgb.reshape(grid_rows, columns, 3), interpolation="nearest")
+    if lo <= snap.read_len <= hi:
+        row, col = divmod(int(np.searchsorted(pixels.cell_edges, snap.read_len)), columns)
+        ax.plot([col - 0.5, col - 0.5], [row - 0.5, row + 0.5], color=READ_LEN_COLOUR, lw=3)
+    used = int(np.count_nonzero(snap.codes >= 0) + np.count_nonzero(snap.codes < -1))
     ax.set_title(
-        f"{snapshot.read_len} read_len, {int(np.count_nonzero(snapshot.codes != FREE))} used, "
-        f"{snapshot.rows} rows allocated of {snapshot.capacity} capacity",
+        f"{snap.read_len} read_len, {used} used, {snap.rows} rows allocated of "
+        f"{snap.capacity} capacity{binned_note(block)}",
         fontsize="medium",
     )
-    ax.set_xlabel(f"cell mod {columns}")
-    ax.set_ylabel(f"cell // {columns}")
-    _legend(ax, snapshot.live_ids.tolist())
+    unit = "cell" if block == 1 else f"block of {block} cells"
+    ax.set_xlabel(f"{unit} mod {columns}" + (f", from cell {lo}" if lo else ""))
+    ax.set_ylabel(f"{unit} // {columns}")
+    owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
+    fig.numbakv = {"pixels": pixels, "owners": owners, "columns": columns, "snapshot": snap}
     return fig
 
 
 def plot_timeline(
-    trace: Trace, max_frames: int = 1000, mark_step: int | None = None, fig: Figure | None = None
+    trace: Trace,
+    *,
+    cells=None,
+    steps=None,
+    bin=None,
+    step_bin=None,
+    mark_step=None,
+    by=None,
+    dpi: float = 100,
+    fig: Figure | None = None,
+    owners: Owners | None = None,
+    progress=None,
 ) -> Figure:
     """Steps down, cells across, colour = owner: holes opening and refilling over time.
 
-    Shows at most `max_frames` steps, evenly picked; `mark_step` draws a red line there.
+    Each pixel aggregates `bin` cells by `step_bin` steps (default: what fits the picture);
+    the red line is read_len (its largest in each row of steps), ticks at the right edge
+    mark the trace's annotations, a dashed line `mark_step`. `progress(done, total)` hears
+    the steps replayed (`numbakv.viz.progress.Progress`).
     """
-    fig = fig or Figure(figsize=(10, 6), layout="constrained")
+    fig = new_figure(fig, (10, 6), dpi)
+    owners = owners or owners_of(trace, by)
+    n_cells = max(int(trace.arrays["read_len"].max(initial=0)), 1)
+    (c0, c1), (s0, s1) = span(cells, n_cells, "cells"), span(steps, steps_of(trace), "steps")
     ax = fig.subplots()
-    steps = timeline_steps(trace, max_frames)
-    data = trace.timeline(trace.step_frames[steps])
-    cmap, norm = owner_colours(trace.config.max_seqs)
-    extent = (-0.5, data.shape[1] - 0.5, steps[-1] + 0.5 if len(steps) else 0.5, -0.5)
-    ax.imshow(data, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto", extent=extent)
-    read_len = trace.arrays["read_len"][trace.step_frames[steps]]
-    ax.plot(read_len - 0.5, steps, color=MARK_COLOUR, linewidth=1)
+    owner_legend(ax, owners, mixed=True)  # its room, before measuring the picture's
+    width, height = axes_pixels(ax)
+    cell_bin = bin_size(c1 - c0, width, bin, "bin")
+    step_bin = bin_size(s1 - s0, height, step_bin, "step_bin")
+    pixels = owner_pixels(trace, owners, (c0, c1), (s0, s1), cell_bin, step_bin, progress)
+    extent = (*_full(pixels.cell_edges, cell_bin), *_full(pixels.step_edges, step_bin)[::-1])
+    ax.imshow(shade(owners, pixels), interpolation="nearest", aspect="auto", extent=extent)
+    read_len = trace.arrays["read_len"][trace.step_frames[s0:s1]]
+    ax.plot(np.clip(read_len, c0, c1) - 0.5, np.arange(s0, s1), color=READ_LEN_COLOUR, lw=1)
+    annotation_marks(ax, trace, (s0, s1), x=c1 - 0.5)
     if mark_step is not None:
-        ax.axhline(mark_step, color=MARK_COLOUR, linestyle="--")
+        ax.axhline(mark_step, color=MARK_COLOUR, linestyle="--", linewidth=1)
+    ax.set_xlim(c0 - 0.5, c1 - 0.5)
+    ax.set_ylim(pixels.step_edges[-1] - 0.5, s0 - 0.5)
     ax.set_xlabel("cell")
     ax.set_ylabel("step")
-    ax.set_title("cell owners over time (red: read_len)", fontsize="medium")
-    _legend(ax, np.flatnonzero(trace.arrays["live"].any(axis=0)).tolist())
-    return fig
-
-
-def timeline_steps(trace: Trace, max_frames: int) -> np.ndarray:
-    """The step numbers `plot_timeline` shows: all, or `max_frames` evenly picked."""
-    n_steps = len(trace.step_frames)
-    if n_steps <= max_frames:
-        return np.arange(n_steps)
-    return np.unique(np.linspace(0, n_steps - 1, max_frames).round().astype(np.int64))
-
-
-def plot_metrics(trace: Trace, mark_step: int | None = None, fig: Figure | None = None) -> Figure:
-    """Per frame: used cells, read_len, rows and cells saved by sharing; fragmentation
-    (1 - used / read_len); step width. Dotted lines mark the pool's growths."""
-    fig = fig or Figure(figsize=(10, 6), layout="constrained")
-    cells_ax, frag_ax, width_ax = fig.subplots(3, 1, sharex=True, height_ratios=(3, 1, 1))
-    m = trace.metrics()
-    frames = np.arange(trace.n_frames)
-    for name in ("used", "read_len", "rows", "saved"):
-        cells_ax.plot(frames, m[name], label=name, drawstyle="steps-post")
-    cells_ax.set_ylabel("cells")
-    cells_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-    frag_ax.plot(frames, m["fragmentation"], label="fragmentation", drawstyle="steps-post")
-    frag_ax.set_ylabel("1 - used/read_len")
-    frag_ax.set_ylim(-0.02, 1.02)
-    width_ax.plot(frames, m["width"], label="width", drawstyle="steps-post")
-    width_ax.set_ylabel("step width")
-    width_ax.set_xlabel("frame (0 = start, then one per recorded step or verb)")
-    for ax in (cells_ax, frag_ax, width_ax):
-        for frame in np.flatnonzero(m["growth"]):
-            ax.axvline(frame, color="grey", linestyle=":", linewidth=1)
-        if mark_step is not None:
-            ax.axvline(trace.step_frames[mark_step], color=MARK_COLOUR, linestyle="--")
-    return fig
-
-
-def plot_mask(step, window: int, fig: Figure | None = None) -> Figure:
-    """Tokens x cells: which cell each token of `step` attends under `window` (black = 1).
-
-    `step` is a live `Step` or a recorded `TraceStep`.
-    """
-    fig = fig or Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.subplots()
-    mask = step.mask(window)
-    ax.imshow(
-        mask,
-        cmap=ListedColormap(["#FFFFFF", "#000000"]),
-        vmin=0,
-        vmax=1,
-        interpolation="nearest",
-        aspect="auto",
+    ax.set_title(
+        f"cell owners over time (red: read_len){binned_note(cell_bin, step_bin)}", fontsize="medium"
     )
-    if step.width <= 64:
+    owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
+    fig.numbakv = {"pixels": pixels, "owners": owners}
+    return fig
+
+
+def plot_mask(
+    step, window: int, *, cells=None, bin=None, dpi: float = 100, fig: Figure | None = None
+) -> Figure:
+    """Tokens x cells: which cells each token of `step` (a live `Step` or a recorded
+    `TraceStep`) attends under `window`. A pixel covering `bin` cells is lit when any of
+    them is attended, darker the more are: one attended cell among thousands still shows."""
+    fig = new_figure(fig, (8, 5), dpi)
+    lo, hi = span(cells, max(step.read_len, 1), "cells")
+    ax = fig.subplots()
+    ax.set_xlabel("cell")
+    ax.set_ylabel("token (seq@position)")
+    width, height = axes_pixels(ax)
+    cell_bin = bin_size(hi - lo, width, bin, "bin")
+    token_bin = bin_size(step.width, height, None, "token bin")
+    pixels = mask_pixels(step, window, (lo, hi), cell_bin, token_bin)
+    fraction = pixels.attended / np.maximum(pixels.pairs, 1)
+    grey = np.where(pixels.attended > 0, 0.6 * (1 - fraction), 1.0)  # attended: 0.6 .. black
+    extent = (*_full(pixels.cell_edges, cell_bin), *_full(pixels.token_edges, token_bin)[::-1])
+    ax.imshow(
+        np.repeat(grey[..., None], 3, axis=2), interpolation="nearest", aspect="auto", extent=extent
+    )
+    if step.width <= 64 and token_bin == 1:
         labels = [
             f"{s}@{p}" if s >= 0 else "pad"
             for s, p in zip(step.seq_ids.tolist(), step.positions.tolist(), strict=True)
         ]
         ax.set_yticks(range(step.width), labels, fontsize="x-small")
-    ax.set_xlabel("cell")
-    ax.set_ylabel("token (seq@position)")
+    ax.set_xlim(lo - 0.5, hi - 0.5)
+    ax.set_ylim(step.width - 0.5, -0.5)
+    kind = "global" if window == 0 else "sliding"
     ax.set_title(
-        f"mask, window {window} ({'global' if window == 0 else 'sliding'})", fontsize="medium"
+        f"mask, window {window} ({kind}), {int(pixels.attended.sum())} attended"
+        f"{binned_note(cell_bin)}; darker = more of the pixel attended",
+        fontsize="medium",
     )
+    fig.numbakv = {"pixels": pixels}
     return fig
 
 
-def plot_all(trace: Trace, step: int = -1, window: int | None = None) -> Figure:
-    """The four pictures of a trace in one figure, for recorded step number `step`."""
-    fig = Figure(figsize=(20, 11), layout="constrained")
-    top, bottom = fig.subfigures(2, 1)
-    (cells, mask), (timeline, metrics) = top.subfigures(1, 2), bottom.subfigures(1, 2)
-    step = range(len(trace.step_frames))[step]
-    frame = trace.step_frames[step]
-    plot_cells(trace.snapshot(frame), fig=cells)
+def plot_all(
+    trace: Trace,
+    step: int = -1,
+    window: int | None = None,
+    *,
+    cells=None,
+    steps=None,
+    bin=None,
+    by=None,
+    dpi: float = 100,
+) -> Figure:
+    """The pictures of a trace in one figure, for recorded step number `step`: the pool,
+    the mask, the timeline, the metrics and each sequence's locality, in one colouring."""
+    fig = Figure(figsize=(20, 16), dpi=dpi, layout="constrained")
+    top, middle, bottom = fig.subfigures(3, 1, height_ratios=(1, 1, 0.8))
+    (cells_fig, mask_fig), (timeline_fig, metrics_fig) = (
+        top.subfigures(1, 2),
+        middle.subfigures(1, 2),
+    )
+    step = range(steps_of(trace))[step]
+    owners = owners_of(trace, by)
     window = trace.config.distinct_windows[0] if window is None else window
-    plot_mask(trace.step(frame), window, fig=mask)
-    plot_timeline(trace, mark_step=step, fig=timeline)
-    plot_metrics(trace, mark_step=step, fig=metrics)
+    keep = {"cells": cells, "bin": bin}
+    plot_cells(trace, step, fig=cells_fig, owners=owners, dpi=dpi, **keep)
+    plot_mask(trace.step(trace.step_frames[step]), window, fig=mask_fig, dpi=dpi, **keep)
+    plot_timeline(
+        trace, steps=steps, mark_step=step, fig=timeline_fig, owners=owners, dpi=dpi, **keep
+    )
+    plot_metrics(trace, steps=steps, mark_step=step, fig=metrics_fig, dpi=dpi)
+    plot_locality(trace, steps=steps, mark_step=step, fig=bottom, dpi=dpi)
     return fig
+
+
+def _full(edges: np.ndarray, size: int) -> tuple[float, float]:
+    """The data span of an image's pixels of `size` items each from `edges[0]`: the last
+    pixel drawn full width (and clipped by the axes' limits), so each pixel sits exactly
+    over its items instead of the image stretching them evenly."""
+    return edges[0] - 0.5, edges[0] + (len(edges) - 1) * size - 0.5
+
+
+def _rgb(colour: str) -> np.ndarray:
+    return np.array(to_rgb(colour))

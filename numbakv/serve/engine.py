@@ -32,6 +32,8 @@ it nothing: it steps on until its requests are done, then raises the first such 
 (the `result()`s hold the completions); every request gets exactly the tokens it would
 have had. Callbacks may `submit` and `cancel`; stepping from a callback is refused
 (StepError, which counts as that callback raising). `metrics` counts steps and forwards.
+An `annotate` hook hears the engine's events (admit, fork, finish, cancel, error, growth:
+`numbakv.serve.events`); give it `Recorder.annotate` to see them in a trace.
 
 Thread safety: one re-entrant lock guards an `Engine`'s state and its executor; every
 public call and each step hold it (`stream()` one step at a time, never while its consumer
@@ -47,8 +49,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from numbakv.config import as_int
-from numbakv.errors import ConfigError, StepError
+from numbakv.errors import ConfigError
 from numbakv.observe import locked
+from numbakv.serve.events import Annotate, Notes, call_back, check_not_in_callbacks
 from numbakv.serve.executor import Input, Output
 from numbakv.serve.faults import StepFaults, completed, note_observed, raise_observed
 from numbakv.serve.protocol import SessionExecutor
@@ -76,6 +79,8 @@ class Engine:
     clock     : seconds, for the metrics (default `time.perf_counter`)
     tokenizer : turns text prompts into tokens (default bytes); its vocab_size must not
                 pass the executor's
+    annotate  : None, or a callable `annotate(kind, **data)` told of each admit, fork,
+                finish, cancel, error and pool growth (`numbakv.serve.events`)
 
         engine = Engine(executor)
         [done] = engine.generate(["Hello"], max_new_tokens=8)
@@ -88,8 +93,10 @@ class Engine:
         scheduler: DecodeFirstScheduler | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tokenizer: Tokenizer = BYTE_TOKENIZER,
+        annotate: Annotate | None = None,
     ):
         check_parts(executor, tokenizer, clock)
+        self._notes = Notes(annotate)
         if scheduler is None:
             width = executor.max_width
             n_decodes = max(1, width // 2)
@@ -215,7 +222,7 @@ class Engine:
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
             raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}; for one: [p]")
         with self._lock:
-            self._check_not_in_callbacks("generate")
+            check_not_in_callbacks(self._in_callbacks, "generate")
             args = (max_new_tokens, sampling, stop_tokens, n, on_token)
             fields = [check_submission(self.executor, self.tokenizer, p, *args) for p in prompts]
             ids = [self._queue(f) for f in fields]
@@ -245,7 +252,7 @@ class Engine:
     @locked
     def _step(self) -> tuple[list[TokenEvent], StepFaults]:
         """One step: (its events, what its callbacks and observers raised)."""
-        self._check_not_in_callbacks("step")
+        check_not_in_callbacks(self._in_callbacks, "step")
         with self._observing() as observed:
             try:
                 events, raised = self._run_step()
@@ -263,7 +270,8 @@ class Engine:
         inputs = [self._input(work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
-            outputs = completed(self._observed, self.executor.execute, inputs)
+            with self._notes.growth(self._observed, self.executor):
+                outputs = completed(self._observed, self.executor.execute, inputs)
         except BaseException:
             for r in requests.values():  # their work left the queues: they cannot go on
                 self._stop(r, "error")
@@ -288,6 +296,7 @@ class Engine:
             self._reserved += r.n - 1
             self._running[sample.session] = (r, sample)
             self.scheduler.submit([Task(sample.session, "prefill", len(r.prompt))])
+            self._note("admit", request=r.id, seqs=[sample.session])
 
     def _input(self, work: Work) -> Input:
         r, sample = self._running[work.session]
@@ -313,6 +322,9 @@ class Engine:
             self._running[session] = (r, clone)
             pairs.append((clone, token))
         self._reserved -= len(out.forks)
+        if out.forks:
+            seqs = [session for session, _ in out.forks]
+            self._note("fork", request=r.id, seqs=seqs, source=sample.session)
         if r.first_token_at is None:
             r.first_token_at = self.clock()
         return [self._emit(r, s, token, out.logits) for s, token in pairs]
@@ -332,25 +344,12 @@ class Engine:
         return TokenEvent(r.id, sample.index, token, logits, reason)
 
     def _call_back(self, events: list[TokenEvent]) -> dict[int, BaseException]:
-        """Hands each event to its request's `on_token`, in order; a callback that raises
-        ends its request with "error" and hears nothing more. Returns {request: what its
-        callback raised}, in the order they raised."""
-        raised: dict[int, BaseException] = {}  # request -> what its callback raised
+        """`call_back` with callbacks marked as running (no stepping from them)."""
         self._in_callbacks = True
         try:
-            for event in events:
-                r = self._requests[event.request]
-                if r.on_token is None or r.id in raised:
-                    continue
-                try:
-                    r.on_token(event)
-                except BaseException as error:
-                    raised[r.id] = error
-                    if not r.is_finished:
-                        self._stop(r, "error")
+            return call_back(events, self._requests, self._stop)
         finally:
             self._in_callbacks = False
-        return raised
 
     @contextmanager
     def _observing(self) -> Iterator[list]:
@@ -362,15 +361,13 @@ class Engine:
         finally:
             self._observed = outer
 
-    def _check_not_in_callbacks(self, what: str) -> None:
-        if self._in_callbacks:
-            raise StepError(
-                f"{what}() was called from an on_token callback, inside a step; callbacks "
-                "may submit() and cancel(); step from the loop that called step()"
-            )
+    def _note(self, kind: str, **data) -> None:
+        """Tells the annotate hook of an event (`events.Notes`)."""
+        self._notes(self._observed, kind, **data)
 
     def _stop(self, r: Request, reason: FinishReason) -> None:
         """Ends every unfinished sample of `r` with `reason`, closing its sessions."""
+        self._note("cancel" if reason == "cancelled" else "error", request=r.id)
         if r in self._waiting:
             self._waiting.remove(r)
         for sample in r.samples:
@@ -387,6 +384,7 @@ class Engine:
         sample.finish_reason = reason
         del self._running[sample.session]
         completed(self._observed, self.executor.close_session, sample.session)
+        self._note("finish", request=r.id, sample=sample.index, seq=sample.session, reason=reason)
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()
 

@@ -106,7 +106,10 @@ def test_metrics_follow_the_snapshots():
 def test_trace_round_trips_through_npz(tmp_path_factory, ops, every_verb):
     cache = CellCache(small_config(max_seqs=5, capacity=24, initial_cells=1))
     recorder = Recorder(cache, every_verb=every_verb)
-    churn(cache, ops)
+    for i, op in enumerate(ops):
+        churn(cache, [op])
+        if op % 3 == 0:  # an annotation between some of the frames
+            recorder.annotate("op", i=i, live=cache.live_seqs, share=op / 7, text=str(op))
     path = tmp_path_factory.mktemp("trace") / "run.npz"
     recorder.save(path)
     expect, got = recorder.trace(), load_trace(path)
@@ -116,6 +119,11 @@ def test_trace_round_trips_through_npz(tmp_path_factory, ops, every_verb):
         assert got.arrays[name].dtype == array.dtype
         np.testing.assert_array_equal(got.arrays[name], array)
     assert list(got.snapshots()) == list(expect.snapshots())
+    assert got.annotations == expect.annotations
+    assert len(got.annotations) == sum(op % 3 == 0 for op in ops)
+    steps = np.arange(len(got.step_frames))
+    np.testing.assert_array_equal(got.frame_steps[got.step_frames], steps)  # step k is k
+    assert got.frame_steps.tolist() == sorted(got.frame_steps.tolist())
 
 
 def test_a_long_decode_trace_stores_only_changes(tmp_path):
@@ -185,7 +193,7 @@ def test_corrupt_member(trace_file, tmp_path):
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        (dict(header=np.array('{"format": "other/9"}')), "not a numbakv-trace/1"),
+        (dict(header=np.array('{"format": "other/9"}')), "names format 'other/9', not numbakv-"),
         (dict(header=np.array("not json")), "not a readable"),
         (dict(delta_pos=None), "not a readable"),
         (dict(events=np.array([99], np.uint8)), "unknown event"),
@@ -201,7 +209,7 @@ def test_inconsistent_arrays(trace_file, tmp_path, changes, match):
 
 
 def test_bad_config_in_header(trace_file, tmp_path):
-    header = '{"format": "numbakv-trace/1", "config": {"n_layers": 0}}'
+    header = '{"format": "numbakv-trace/2", "config": {"n_layers": 0}}'
     with pytest.raises(TraceError, match="bad cache config"):
         load_trace(rewrite(trace_file, tmp_path, header=np.array(header)))
 

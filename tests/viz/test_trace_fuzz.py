@@ -69,3 +69,51 @@ def test_the_recorded_traces_use_every_feature(originals):
     assert {"seq_new", "seq_clone", "seq_rm", "rewind", "clear", "prepare_step"} <= events
     assert (trace.arrays["step_seq_ids"] == -1).any()  # padded steps
     assert trace.metrics()["saved"].max() > 0  # shared cells
+
+
+def annotated(trace):
+    """`trace` with an annotation after every third frame (ints, lists, floats, text)."""
+    records = [
+        {"frame": f, "kind": "tick", "data": {"request": f % 3, "seqs": [f % 5], "x": f / 7}}
+        for f in range(0, trace.n_frames, 3)
+    ]
+    return fuzz.Trace(trace.config, trace.arrays, records)
+
+
+@pytest.fixture(scope="module")
+def annotated_originals(originals):
+    """`fuzz.Originals` of the same two traces, annotated."""
+    o = object.__new__(fuzz.Originals)
+    o.trace, o.other = annotated(originals.trace), annotated(originals.other)
+    o.data, o.other_data = fuzz.to_bytes(o.trace), fuzz.to_bytes(o.other)
+    o.members, o.other_members = fuzz._members(o.data), fuzz._members(o.other_data)
+    return o
+
+
+@pytest.mark.parametrize(("kind", "n"), [("bits", 400), ("splice", 100), ("member", 300)])
+def test_damaged_annotated_traces_are_refused_or_work(annotated_originals, tmp_path, kind, n):
+    o, path = annotated_originals, tmp_path / "variant.npz"
+    rng = np.random.default_rng(len(kind))
+    if kind == "member":  # aim at the annotations member: the others are fuzzed above
+        o = object.__new__(fuzz.Originals)
+        o.__dict__.update(annotated_originals.__dict__)
+        o.members = {"annotations.npy": annotated_originals.members["annotations.npy"]}
+    outcomes = {"refused": 0, "loaded": 0}
+    for data in fuzz.variants(kind, o, rng, n):
+        if kind == "member":  # the variant holds only the flipped member: put the rest back
+            flipped = fuzz._members(data)
+            data = fuzz._zip(annotated_originals.members | flipped)
+        path.write_bytes(data)
+        try:
+            trace = fuzz.load_trace(str(path))
+        except fuzz.TraceError:
+            outcomes["refused"] += 1
+            continue
+        outcomes["loaded"] += 1
+        fuzz.exercise(trace)
+        assert sum(trace.annotation_counts().values()) == len(trace.annotations)
+        assert all(0 <= a.step <= len(trace.step_frames) for a in trace.annotations)
+        trace.seq_requests(-1)
+        if kind != "member":  # the zip's checksums hold: what loads is an original
+            assert trace.annotations in (o.trace.annotations, o.other.annotations)
+    assert outcomes["refused"] >= n // 2, outcomes

@@ -1,159 +1,246 @@
-"""The pictures: the data behind each plot equals what the table says; the CLI writes PNGs."""
-
-import re
+"""The pictures: the data behind each plot, binned and zoomed, equals what the trace says
+(computed here cell by cell from `Trace.timeline`), and the images show exactly that data."""
 
 import numpy as np
 import pytest
-from matplotlib.colors import to_rgba
-from matplotlib.image import imread
+from matplotlib.colors import to_rgb
 
-from numbakv.cli import main
 from numbakv.reference import CellCache
 from numbakv.snapshot import FREE, SHARED
-from numbakv.trace import Recorder, load_trace
-from numbakv.viz import plot_all, plot_cells, plot_mask, plot_metrics, plot_timeline
-from numbakv.viz.plots import PALETTE, owner_colours, seq_colour
+from numbakv.trace import Recorder
+from numbakv.viz import (
+    owner_pixels,
+    owners_of,
+    plot_all,
+    plot_cells,
+    plot_locality,
+    plot_mask,
+    plot_metrics,
+    plot_timeline,
+)
+from numbakv.viz.owners import MIXED, OTHER_COLOUR, PALETTE
+from numbakv.viz.panels import locality
 
-from helpers import Snapshots, churn, small_config, step_with
+from helpers import churn, small_config, step_with
 
 
-def expected_code(owners: list[int]) -> int:
-    if not owners:
-        return FREE
-    return owners[0] if len(owners) == 1 else SHARED
-
-
-@pytest.fixture
-def recorded():
-    """A churned cache with its recorder and the snapshot after every step."""
-    cache = CellCache(small_config(max_seqs=9, capacity=40, initial_cells=3))
+@pytest.fixture(scope="module")
+def annotated():
+    """A churned trace whose annotations bind sequences to requests, an id reused by a
+    second request, shared cells and a user's own annotation kind."""
+    cache = CellCache(small_config(max_seqs=9, capacity=48, initial_cells=3))
     recorder = Recorder(cache)
-    expect = Snapshots(cache)
-    churn(cache, list(range(3, 900, 11)))
-    return cache, recorder.trace(), expect
-
-
-def test_plot_cells_grid_is_the_table(recorded):
-    cache, _, _ = recorded
-    snap = cache.snapshot()
-    assert (snap.codes == SHARED).any() and (snap.codes == FREE).any()
-    for columns in (1, 7, 16):
-        image = plot_cells(snap, columns=columns).axes[0].images[0]
-        grid = image.get_array()
-        n = max(snap.rows, snap.read_len)
-        assert grid.shape == (-(-n // columns), columns)
-        for cell in range(grid.size):
-            r, c = divmod(cell, columns)
-            if cell < n:
-                assert grid[r, c] == expected_code(snap.owners_of(cell)), cell
-            else:
-                assert grid.mask[r, c], cell  # past the pool's rows: not drawn
-
-
-def test_plot_cells_colours(recorded):
-    cache, _, _ = recorded
-    snap = cache.snapshot()
-    image = plot_cells(snap, columns=8).axes[0].images[0]
-    rgba = image.to_rgba(image.get_array())
-    for cell, code in enumerate(snap.codes.tolist()):
-        want = {FREE: "#FFFFFF", SHARED: "#000000"}.get(code) or seq_colour(code)
-        assert tuple(rgba[cell // 8, cell % 8]) == pytest.approx(to_rgba(want)), cell
-
-
-def test_colours_are_stable_per_id():
-    cmap, norm = owner_colours(20)
-    for seq in range(20):
-        assert to_rgba(cmap(norm(seq))) == to_rgba(PALETTE[seq % len(PALETTE)])
-    assert seq_colour(3) == seq_colour(3 + len(PALETTE))
-
-
-def test_plot_timeline_is_owner_by_step_and_cell(recorded):
-    _, trace, expect = recorded
-    data = plot_timeline(trace).axes[0].images[0].get_array()
-    step_snaps = expect.frames[1:]
-    assert data.shape == (len(step_snaps), max(s.read_len for s in expect.frames))
-    for s, snap in enumerate(step_snaps):
-        for c in range(data.shape[1]):
-            assert data[s, c] == expected_code(snap.owners_of(c)), (s, c)
-
-
-def test_plot_timeline_picks_evenly_when_long(recorded):
-    _, trace, expect = recorded
-    data = plot_timeline(trace, max_frames=5).axes[0].images[0].get_array()
-    steps = np.linspace(0, len(expect.frames) - 2, 5).round().astype(int)
-    assert data.shape[0] == 5
-    for row, s in enumerate(steps):
-        snap = expect.frames[s + 1]
-        assert [data[row, c] for c in range(snap.read_len)] == [
-            expected_code(snap.owners_of(c)) for c in range(snap.read_len)
-        ]
-
-
-def test_plot_metrics_draws_the_metrics(recorded):
-    _, trace, expect = recorded
-    fig = plot_metrics(trace)
-    cells_ax, frag_ax, width_ax = fig.axes
-    lines = {line.get_label(): line.get_ydata() for line in cells_ax.get_lines()}
-    used = [sum(1 for c in range(s.read_len) if s.owners_of(c)) for s in expect.frames]
-    held = [sum(len(s.owners_of(c)) for c in range(s.read_len)) for s in expect.frames]
-    np.testing.assert_array_equal(lines["used"], used)
-    np.testing.assert_array_equal(lines["read_len"], [s.read_len for s in expect.frames])
-    np.testing.assert_array_equal(lines["rows"], [s.rows for s in expect.frames])
-    np.testing.assert_array_equal(lines["saved"], np.subtract(held, used))
-    frag = [
-        1 - u / s.read_len if s.read_len else 0 for u, s in zip(used, expect.frames, strict=True)
-    ]
-    np.testing.assert_allclose(frag_ax.get_lines()[0].get_ydata(), frag)
-    np.testing.assert_array_equal(width_ax.get_lines()[0].get_ydata(), [0, *expect.steps.values()])
-    growth_lines = [line for line in width_ax.get_lines() if line.get_linestyle() == ":"]
-    rows = [s.rows for s in expect.frames]
-    assert len(growth_lines) == sum(b > a for a, b in zip([0, *rows[:-1]], rows, strict=True))
-
-
-def test_plot_mask_is_the_mask():
-    cache = CellCache(small_config(windows=(0, 2)))
     a, b = cache.seq_new(), cache.seq_new()
-    step_with(cache, [a, b, a])
+    recorder.annotate("admit", request=10, seqs=[a, b])
+    step_with(cache, [a, a, b, b, a])
+    c = cache.seq_clone(a)
+    recorder.annotate("fork", request=10, seqs=[c])
+    step_with(cache, [a, c, b])
+    cache.seq_rm(b)
+    recorder.annotate("finish", request=10, seq=b)
+    d = cache.seq_new()
+    assert d == b  # the id comes back: bound to another request from now on
+    recorder.annotate("admit", request=11, seqs=[d])
+    step_with(cache, [d, d, d, a])
+    recorder.annotate("my_event", note="hello")
+    churn(cache, list(range(3, 700, 13)))
+    return recorder.trace()
+
+
+def oracle(trace, owners, cells, steps, cell_bin, step_bin):
+    """(occupied, shared, label) per pixel, cell-step by cell-step from the dense timeline."""
+    codes = trace.timeline()[steps[0] : steps[1], cells[0] : cells[1]]
+    groups = owners.seq_groups[trace.step_frames[steps[0] : steps[1]]]
+    keyed = np.where(codes >= 0, np.take_along_axis(groups, np.maximum(codes, 0), 1), codes)
+    rows = range(0, codes.shape[0], step_bin)
+    cols = range(0, codes.shape[1], cell_bin)
+    occupied, shared = np.zeros((len(rows), len(cols))), np.zeros((len(rows), len(cols)))
+    label = np.zeros((len(rows), len(cols)), dtype=np.int64)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            block = keyed[r : r + step_bin, c : c + cell_bin].ravel()
+            held = block[block != FREE]
+            occupied[i, j], shared[i, j] = len(held) / block.size, np.mean(block == SHARED)
+            values, counts = np.unique(held, return_counts=True)
+            if not len(held):
+                label[i, j] = FREE
+            elif 2 * counts.max() > len(held):
+                label[i, j] = values[counts.argmax()]
+            else:
+                label[i, j] = MIXED
+    return occupied, shared, label
+
+
+@pytest.mark.parametrize("by", ["request", "seq"])
+@pytest.mark.parametrize(
+    ("cells", "steps", "cell_bin", "step_bin"),
+    [(None, None, 1, 1), (None, None, 3, 4), ((5, 29), (2, 40), 5, 3), ((0, 7), (9, 10), 2, 1)],
+)
+def test_timeline_pixels_are_the_trace_binned(annotated, by, cells, steps, cell_bin, step_bin):
+    trace = annotated
+    owners = owners_of(trace, by)
+    n_cells, n_steps = int(trace.arrays["read_len"].max()), len(trace.step_frames)
+    cells, steps = cells or (0, n_cells), steps or (0, n_steps)
+    cells, steps = (cells[0], min(cells[1], n_cells)), (steps[0], min(steps[1], n_steps))
+    pixels = owner_pixels(trace, owners, cells, steps, cell_bin, step_bin)
+    occupied, shared, label = oracle(trace, owners, cells, steps, cell_bin, step_bin)
+    np.testing.assert_allclose(pixels.occupied, occupied)
+    np.testing.assert_allclose(pixels.shared, shared)
+    np.testing.assert_array_equal(pixels.label, label)
+    assert (label == MIXED).any() or cell_bin == step_bin == 1
+
+
+def test_requests_colour_the_cells_their_sequences_hold(annotated):
+    trace = annotated
+    owners = owners_of(trace)
+    assert owners.by == "request"  # the annotations bind requests: the default
+    request = {label: g for g, label in enumerate(owners.labels)}
+    first = trace.step_frames[0]
+    assert owners.seq_groups[first, 0] == owners.seq_groups[first, 1] == request["request 10"]
+    reused = trace.step_frames[2]  # after seq 1 was closed and reopened for request 11
+    assert owners.seq_groups[reused, 1] == request["request 11"]
+    assert owners.seq_groups[reused, 2] == request["request 10"]  # the fork
+    assert owners_of(trace, "seq").seq_groups[reused, 1] == 1
+
+
+def test_the_timeline_image_shows_its_pixels(annotated):
+    assert len(annotated.step_frames) > 15
+    fig = plot_timeline(annotated, bin=2, step_bin=3, steps=(1, 15))
+    pixels, owners = fig.numbakv["pixels"], fig.numbakv["owners"]
+    image = fig.axes[0].images[0].get_array()
+    colour = owners.rgb(pixels.label)
+    np.testing.assert_allclose(image, 1 - pixels.occupied[..., None] * (1 - colour))
+    free, full = pixels.occupied == 0, pixels.occupied == 1
+    assert (image[free] == 1).all() and free.any() and full.any()
+    np.testing.assert_allclose(image[full & (pixels.label == SHARED)], 0)
+    red = [line for line in fig.axes[0].get_lines() if line.get_color() == "#D00000"]
+    read_len = annotated.arrays["read_len"][annotated.step_frames[1:15]]
+    np.testing.assert_array_equal(red[0].get_ydata(), np.arange(1, 15))
+    np.testing.assert_array_equal(red[0].get_xdata(), np.clip(read_len, 0, None) - 0.5)
+
+
+def test_plot_cells_blocks_are_the_snapshot(annotated):
+    trace = annotated
+    for block, columns in ((1, 8), (3, 4), (5, 16)):
+        fig = plot_cells(trace, 20, bin=block, columns=columns)
+        pixels, snap = fig.numbakv["pixels"], fig.numbakv["snapshot"]
+        assert snap == trace.snapshot(trace.step_frames[20])
+        owners = fig.numbakv["owners"]
+        n = max(snap.rows, snap.read_len)
+        np.testing.assert_array_equal(pixels.cell_edges, np.append(np.arange(0, n, block), n))
+        groups = owners.seq_groups[trace.step_frames[20]]
+        for j, lo in enumerate(pixels.cell_edges[:-1].tolist()):
+            codes = [
+                snap.codes[c] if c < snap.read_len else FREE for c in range(lo, lo + block) if c < n
+            ]
+            held = [groups[c] if c >= 0 else c for c in codes if c != FREE]
+            assert pixels.occupied[0, j] == len(held) / len(codes)
+            if len(held) and max(held.count(h) for h in held) * 2 > len(held):
+                assert pixels.label[0, j] == max(held, key=held.count)
+        grid = fig.axes[0].images[0].get_array()
+        assert grid.shape[1] == min(columns, len(pixels.label[0]))
+        columns = grid.shape[1]
+        cell = int(np.flatnonzero(pixels.occupied[0] == 1)[0])
+        want = owners.rgb(pixels.label[0, cell])
+        np.testing.assert_allclose(grid[cell // columns, cell % columns], want)
+
+
+def test_plot_cells_zooms(annotated):
+    fig = plot_cells(annotated, -1, cells=(4, 20), bin=1)
+    pixels = fig.numbakv["pixels"]
+    snap = annotated.snapshot(-1)
+    np.testing.assert_array_equal(pixels.cell_edges, np.arange(4, 21))
+    np.testing.assert_array_equal(pixels.occupied[0], snap.codes[4:20] != FREE)
+    with pytest.raises(ValueError, match=r"cells=\(99, 120\) is empty or outside"):
+        plot_cells(annotated, cells=(99, 120))
+
+
+def test_a_lone_owner_among_many_is_other_and_the_figure_says_so():
+    cache = CellCache(small_config(max_seqs=20, capacity=64, initial_cells=64, max_width=64))
+    recorder = Recorder(cache)
+    seqs = [cache.seq_new() for _ in range(14)]
+    step_with(cache, [s for s in seqs for _ in range(1 + s % 4)])
+    trace = recorder.trace()
+    owners = owners_of(trace)
+    assert owners.by == "seq" and len(owners.shown) == len(PALETTE) == 9
+    assert owners.note == "14 sequences; the 9 largest shown"
+    sizes = owners.totals[list(owners.shown)]
+    rest = np.delete(owners.totals, owners.shown)
+    assert (np.diff(sizes) <= 0).all() and sizes.min() >= rest.max()
+    others = [g for g in range(14) if g not in owners.shown]
+    np.testing.assert_allclose(owners.colours[others], [to_rgb(OTHER_COLOUR)] * len(others))
+    assert len({tuple(c) for c in owners.colours[list(owners.shown)]}) == 9  # no collision
+    for fig in (plot_cells(trace), plot_timeline(trace)):
+        legend = fig.axes[0].get_legend()
+        assert legend.get_title().get_text() == "14 sequences; the 9 largest shown"
+        texts = [t.get_text() for t in legend.get_texts()]
+        assert "other sequences (5)" in texts
+        assert [t for t in texts if t.startswith("seq")] == [owners.labels[g] for g in owners.shown]
+
+
+def test_metrics_on_one_clock_with_annotations(annotated):
+    trace = annotated
+    fig = plot_metrics(trace)
+    cells_ax, frag_ax, events_ax, free_ax = fig.axes[0], fig.axes[1], fig.axes[3], fig.axes[4]
+    assert free_ax.get_shared_x_axes().joined(free_ax, frag_ax)
+    m = trace.metrics()
+    lines = {line.get_label(): line for line in cells_ax.get_lines()}
+    np.testing.assert_array_equal(lines["used"].get_xdata(), trace.frame_steps)
+    np.testing.assert_array_equal(lines["used"].get_ydata(), m["used"])
+    assert lines["read_len"].get_color() == "#D00000"
+    np.testing.assert_array_equal(free_ax.get_lines()[0].get_ydata(), m["largest_free"])
+    assert fig.numbakv["counts"] == {"admit": 2, "fork": 1, "finish": 1, "my_event": 1}
+    ticks = [t.get_text() for t in events_ax.get_yticklabels()]
+    assert ticks == ["admit (2)", "fork (1)", "finish (1)", "my_event (1)"]
+    marks = [c.get_offsets()[:, 0].tolist() for c in events_ax.collections]
+    assert marks == [
+        [a.step for a in trace.annotations if a.kind == k]
+        for k in ("admit", "fork", "finish", "my_event")
+    ]
+    assert marks[:3] == [[0, 2], [1], [2]]
+
+
+def test_largest_free_run_and_locality_are_the_tables(annotated):
+    trace = annotated
+    free = trace.metrics()["largest_free"]
+    runs = locality(trace)
+    for f, snap in enumerate(trace.snapshots()):
+        n_owners = np.zeros(snap.rows, dtype=np.int64)
+        n_owners[: snap.read_len] = snap.n_owners
+        best = run = 0
+        for count in n_owners.tolist():
+            run = run + 1 if count == 0 else 0
+            best = max(best, run)
+        assert free[f] == best, f
+        if f in trace.step_frames:
+            step = int(np.searchsorted(trace.step_frames, f))
+            for seq in range(trace.config.max_seqs):
+                held = [seq in snap.owners_of(c) for c in range(snap.read_len)]
+                starts = sum(h and (c == 0 or not held[c - 1]) for c, h in enumerate(held))
+                assert runs[step, seq] == starts, (f, seq)
+    fig = plot_locality(trace, steps=(3, 30))
+    np.testing.assert_array_equal(fig.numbakv["runs"], runs[3:30])
+
+
+def test_plot_mask_is_the_mask_binned():
+    cache = CellCache(small_config(windows=(0, 2), capacity=32))
+    a, b = cache.seq_new(), cache.seq_new()
+    step_with(cache, [a, b, a, b, b, a, a])
     step = step_with(cache, [b, a, a], width=5)
     for window in (0, 2):
-        ax = plot_mask(step, window).axes[0]
-        np.testing.assert_array_equal(ax.images[0].get_array(), step.mask(window))
-        labels = [t.get_text() for t in ax.get_yticklabels()]
-        assert labels == ["1@1", "0@2", "0@3", "pad", "pad"]
+        for bin in (1, 3):
+            fig = plot_mask(step, window, bin=bin)
+            pixels = fig.numbakv["pixels"]
+            mask = step.mask(window).astype(np.int64)
+            binned = np.add.reduceat(mask, np.arange(0, mask.shape[1], bin), axis=1)
+            np.testing.assert_array_equal(pixels.attended, binned)
+            grey = fig.axes[0].images[0].get_array()[..., 0]
+            assert ((grey < 1) == (binned > 0)).all()
+        labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert labels == ["1@3", "0@4", "0@5", "pad", "pad"]
 
 
-def test_plot_all_has_every_picture(recorded):
-    _, trace, _ = recorded
-    fig = plot_all(trace, step=3)
-    n_images = sum(len(ax.images) for ax in fig.get_axes())
-    assert n_images == 3 and len(fig.get_axes()) == 6  # cells, mask, timeline + 3 metrics
-
-
-# -- the CLI -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def trace_path(recorded, tmp_path):
-    _, trace, _ = recorded
-    path = tmp_path / "run.npz"
-    trace.save(path)
-    return path
-
-
-@pytest.mark.parametrize("kind", ["all", "cells", "timeline", "metrics", "mask"])
-def test_cli_writes_a_png(trace_path, tmp_path, kind, capsys):
-    out = tmp_path / f"{kind}.png"
-    assert main(["viz", str(trace_path), "-o", str(out), "--kind", kind, "--step", "2"]) == 0
-    pixels = imread(out)
-    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
-    assert pixels.std() > 0  # not a blank image
-    assert f"wrote {out}" in capsys.readouterr().out
-
-
-def test_demo_trace_feeds_viz(demo_run, tmp_path):
-    done, path = demo_run
-    assert done.returncode == 0, done.stderr
-    trace = load_trace(path)
-    assert len(trace.step_frames) >= int(re.search(r"(\d+) steps", done.stdout).group(1))
-    assert main(["viz", str(path), "-o", str(tmp_path / "demo.png")]) == 0
-    assert imread(tmp_path / "demo.png").shape[0] > 100
+def test_plot_all_has_every_picture(annotated):
+    fig = plot_all(annotated, step=3)
+    assert sum(len(ax.images) for ax in fig.get_axes()) == 4  # cells, mask, timeline, runs
+    assert len(fig.get_axes()) == 11  # + 5 metrics axes, the runs' lines and colour bar

@@ -1,0 +1,47 @@
+"""Drawing every picture of a large trace (issue 15's budget: all plots of a 4 000-step x
+65 536-cell trace in <= 10 s and <= 1 GB peak memory).
+
+    python benchmarks/record_large.py --long --save big.npz
+    python benchmarks/plot_large.py big.npz              # every kind, then `all`
+    python benchmarks/plot_large.py big.npz --kind timeline
+
+Prints the seconds of loading the trace and of drawing and saving each picture (PNG, to a
+temporary folder), and the process's peak resident memory (getrusage; loading numpy and
+matplotlib is part of it).
+"""
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
+
+from numbakv.cli import main as cli_main
+
+KINDS = ("cells", "mask", "timeline", "metrics", "locality", "movie", "all")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", help="a .npz trace (benchmarks/record_large.py --save)")
+    parser.add_argument("--kind", choices=KINDS, action="append", help="default: every kind")
+    args = parser.parse_args(argv)
+    total = 0.0
+    with tempfile.TemporaryDirectory() as folder:
+        for kind in args.kind or KINDS:
+            started = time.perf_counter()
+            out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
+            cli_main(["viz", args.trace, "--kind", kind, "-o", str(out)])
+            seconds = time.perf_counter() - started
+            total += seconds
+            print(f"{kind:>9}: {seconds:6.2f} s (load, draw, save)", flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{'total':>9}: {total:6.2f} s; peak resident memory {peak:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

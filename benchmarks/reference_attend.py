@@ -1,0 +1,107 @@
+"""What one reference `attend` costs at 65 536 cells: gathered (each token's own cells in
+position order) against masked (the step's [width x read_len] mask). Prints figures;
+asserts nothing about timing.
+
+    python benchmarks/reference_attend.py              # read_len ~60 000, width 256
+    python benchmarks/reference_attend.py --quick      # read_len ~6 000
+
+The cache: a 512-token system prompt cloned into `--seqs` requests, each prefilled to
+`--prompt` tokens (K/V left as allocated: only the step's rows are written). The timed step:
+one decode token of every request but the last, and a prefill chunk of the last filling
+width 256. Per window (0 = global, and 512), the median over `--repeat` attends of
+gathered, of masked with the mask already computed, and of the first masked attend of a
+step (which computes the window's mask).
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
+
+from numbakv.reference import CacheConfig, CellCache
+
+SYSTEM, WIDTH = 512, 256
+
+
+def filled_cache(n_seqs: int, prompt: int) -> tuple[CellCache, list[int]]:
+    """A cache holding the system prompt and `n_seqs` clones of it prefilled to `prompt`."""
+    config = CacheConfig(n_layers=2, n_kv_heads=2, head_dim=64, windows=(0, 512),
+                         capacity=65536, max_width=WIDTH, max_seqs=128, max_seq_len=4096,
+                         initial_cells=65536, dtype="float16")  # fmt: skip
+    cache = CellCache(config)
+    system = cache.seq_new()
+    prefill(cache, [system] * SYSTEM)
+    requests = [cache.seq_clone(system) for _ in range(n_seqs)]
+    prefill(cache, [seq for seq in requests for _ in range(prompt - SYSTEM)])
+    return cache, requests
+
+
+def prefill(cache: CellCache, ids: list[int]) -> None:
+    """`ids` in steps of WIDTH tokens, no K/V written."""
+    for start in range(0, len(ids), WIDTH):
+        cache.declare_step(ids[start : start + WIDTH])
+        cache.prepare_step()
+
+
+def median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, default=120)
+    parser.add_argument("--prompt", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="--seqs 12 --repeat 3")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seqs, args.repeat = 12, 3
+    cache, requests = filled_cache(args.seqs, args.prompt)
+    rng = np.random.default_rng(0)
+    cfg = cache.config
+    ids = requests[:-1] + [requests[-1]] * (WIDTH - len(requests) + 1)
+    kv = rng.standard_normal((WIDTH, cfg.n_kv_heads, cfg.head_dim), dtype=np.float32)
+    q = rng.standard_normal((WIDTH, 4 * cfg.n_kv_heads, cfg.head_dim), dtype=np.float32)
+    print(f"read_len {cache.read_len} + a step of width {WIDTH} ({len(requests) - 1} decodes, "
+          f"a prefill chunk of {ids.count(requests[-1])}), {len(requests)} requests, "
+          f"n_heads {q.shape[1]}, n_kv_heads {cfg.n_kv_heads}, head_dim {cfg.head_dim}, "
+          f"{cfg.dtype}")  # fmt: skip
+
+    def new_step():
+        cache.declare_step(ids)
+        cache.prepare_step()
+        for layer in range(cfg.n_layers):
+            cache.write(layer, kv, kv)
+
+    def first_masked(layer):
+        new_step()  # untimed: a fresh step, whose masks are not computed yet
+        started = time.perf_counter()
+        cache.attend(layer, q, mode="masked")
+        return time.perf_counter() - started
+
+    for layer, window in enumerate(cfg.windows):
+        new_step()
+        attend = {mode: lambda mode=mode, layer=layer: cache.attend(layer, q, mode=mode)
+                  for mode in ("gathered", "masked")}  # fmt: skip
+        gathered = median_ms(attend["gathered"], args.repeat)
+        first = 1e3 * statistics.median(first_masked(layer) for _ in range(args.repeat))
+        cached = median_ms(attend["masked"], args.repeat)
+        for seq in requests:  # undo the timed steps' tokens
+            cache.rewind(seq, args.prompt)
+        print(f"window {window:>3}: gathered {gathered:7.1f} ms | masked {cached:7.1f} ms "
+              f"with the mask computed, {first:7.1f} ms computing it")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

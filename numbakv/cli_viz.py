@@ -1,0 +1,134 @@
+"""`numbakv viz`: the pictures of a trace, zoomed and binned from the command line."""
+
+import argparse
+import re
+import shutil
+from pathlib import Path
+
+from numbakv.cli import CHECK, _fail, int_at_least, new_file, trace_input
+
+KINDS = ("all", "cells", "timeline", "metrics", "mask", "locality", "movie")
+
+
+def add_viz(commands) -> None:
+    """Adds the `viz` command to the `numbakv` subcommands."""
+    viz = commands.add_parser("viz", help="draw a trace saved by `numbakv demo --trace`")
+    viz.add_argument("trace", type=trace_input, metavar="TRACE", help="a .npz trace")
+    viz.add_argument(
+        "-o", "--output", type=new_file, metavar="FILE", required=True,
+        help="image to write; its extension picks the format (.png, .pdf, .svg, ...; "
+        ".gif for --kind movie)",
+    )  # fmt: skip
+    viz.add_argument("--kind", choices=KINDS, default="all", help="which picture (default all)")
+    viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
+    viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
+    viz.add_argument("--cells", type=cell_range, metavar="A:B", help="only cells [A, B)")
+    viz.add_argument("--steps", type=cell_range, metavar="A:B", help="only recorded steps [A, B)")
+    viz.add_argument(
+        "--bin", type=int_at_least(1), metavar="N",
+        help="cells per pixel column (default: what fits; a big pool is drawn in blocks)",
+    )  # fmt: skip
+    viz.add_argument("--dpi", type=int_at_least(10), default=100, help="pixels per inch (100)")
+    viz.add_argument(
+        "--by", choices=("request", "seq"),
+        help="colour cells by request (default when the trace's annotations name requests) "
+        "or by sequence",
+    )  # fmt: skip
+    viz.set_defaults(run=_viz, parser=viz)
+
+
+def cell_range(text: str) -> tuple[int, int | None]:
+    """An argparse type: "A:B" (0 <= A < B), "A:" (to the end) or ":B" as (A, B or None)."""
+    match = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", text)
+    if not match or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range; give A:B, A: or :B")
+    lo, hi = int(match[1] or 0), int(match[2]) if match[2] else None
+    if hi is not None and hi <= lo:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; give A:B with A < B")
+    return lo, hi
+
+
+def _check_output(path: Path, kind: str) -> str | None:
+    """Why `path` cannot hold a `kind` picture, or None."""
+    from matplotlib import rcParams
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    extension = path.suffix.lower().removeprefix(".")
+    found = f"has the extension .{extension}" if extension else "has no extension"
+    if kind == "movie":
+        return None if extension == "gif" else f"{path} {found}; a movie is written as .gif"
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if extension not in formats:
+        return f"{path} {found}; give one matplotlib writes: .{', .'.join(formats)}"
+    if extension == "pgf" and shutil.which(rcParams["pgf.texsystem"]) is None:
+        return f"{path}: .pgf needs {rcParams['pgf.texsystem']}, which is not installed"
+    return None
+
+
+def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from numbakv.errors import TraceError
+    from numbakv.trace import load_trace
+
+    if problem := _check_output(args.output, args.kind):
+        parser.error(f"argument -o/--output: {problem}")
+    try:
+        trace = load_trace(args.trace)
+    except TraceError as error:
+        return _fail(parser, str(error))
+    n_steps = len(trace.step_frames)
+    if n_steps == 0:
+        return _fail(parser, f"{args.trace} records no step, so there is nothing to draw")
+    step = n_steps - 1 if args.step is None else args.step
+    if not -n_steps <= step < n_steps:
+        parser.error(
+            f"argument --step: {step} is outside the trace's {n_steps} recorded steps; "
+            f"give -{n_steps} to {n_steps - 1}"
+        )
+    windows = trace.config.distinct_windows
+    window = windows[0] if args.window is None else args.window
+    if window not in windows:
+        parser.error(f"argument --window: {window} is not one of the trace's windows {windows}")
+    n_cells = max(int(trace.arrays["read_len"].max(initial=0)), int(trace.arrays["rows"].max()))
+    for name, value, n in (("cells", args.cells, n_cells), ("steps", args.steps, n_steps)):
+        if value is not None and value[0] >= n:
+            parser.error(f"argument --{name}: {value[0]}: is past the trace's {n} {name}")
+    try:
+        return _draw(args, parser, trace, step % n_steps, window)
+    except OSError as error:
+        return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
+
+
+def _draw(args, parser, trace, step: int, window: int) -> int:
+    from numbakv.viz import (
+        plot_all,
+        plot_cells,
+        plot_locality,
+        plot_mask,
+        plot_metrics,
+        plot_timeline,  # fmt: skip
+        save_movie,
+    )
+    from numbakv.viz.progress import Progress
+
+    cells = None if args.cells is None else (args.cells[0], args.cells[1] or 1 << 62)
+    steps = None if args.steps is None else (args.steps[0], args.steps[1] or 1 << 62)
+    zoom = {"cells": cells, "bin": args.bin, "dpi": args.dpi}
+    progress = Progress(f"drawing {args.kind}")
+    frame = trace.step_frames[step]
+    draw = {
+        "all": lambda: plot_all(trace, step, window, steps=steps, by=args.by, **zoom),
+        "cells": lambda: plot_cells(trace, step, by=args.by, **zoom),
+        "timeline": lambda: plot_timeline(
+            trace, steps=steps, mark_step=step, by=args.by, progress=progress, **zoom
+        ),
+        "metrics": lambda: plot_metrics(trace, steps=steps, mark_step=step, dpi=args.dpi),
+        "locality": lambda: plot_locality(trace, steps=steps, mark_step=step, dpi=args.dpi),
+        "mask": lambda: plot_mask(trace.step(frame), window, **zoom),
+    }
+    if args.kind == "movie":
+        save_movie(trace, args.output, steps=steps, by=args.by, progress=progress, **zoom)
+    else:
+        draw[args.kind]().savefig(args.output, dpi=args.dpi)
+    progress.close()
+    print(f"wrote {args.output}")
+    return 0

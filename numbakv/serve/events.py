@@ -1,0 +1,122 @@
+"""What the `Engine` tells code outside it as it runs: each sampled token to its request's
+`on_token` callback (`call_back`), and its own events to an `annotate(kind, **data)` hook
+(`Notes`), such as `numbakv.trace.Recorder.annotate` or a callable of yours.
+
+The annotations, each made when its event has happened:
+
+    kind     data                            when
+    admit    request, seqs                   a request got its first session (sample 0's),
+                                             before its prompt's first chunk runs
+    fork     request, seqs, source           its prompt's last chunk cloned `source` into
+                                             the sessions of samples 1 .. n-1
+    finish   request, sample, seq, reason    a sample's session closed; reason "stop",
+                                             "length", "cancelled" or "error"
+    cancel   request                         a request was cancelled (waiting or running);
+                                             its running samples' finishes follow
+    error    request                         a request ended by a fault (the executor
+                                             failed on its batch, or its on_token raised)
+    growth   rows_before, rows, growths      the cache's pool grew `growths` times in one
+                                             engine step, made after its forwards (the
+                                             executor's `cache`, when it has `rows` and
+                                             `growth_count`; a trace's rows show at which
+                                             forward)
+
+`seq` and `seqs` are session ids, which an `Executor` (and a `Lockstep`) makes the cache's
+sequence ids, so `admit` and `fork` bind every sequence a request's cells live under to
+the request. The engine has no preemption and no prefix cache, so it makes no such
+annotations. A hook that raises is treated like an observer of the cache that raises: the
+event stands, the engine finishes its call, then an `ObserverError` (the hook's exception
+as its cause) propagates.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from numbakv.errors import ConfigError, ObserverError, StepError
+from numbakv.serve.requests import FinishReason, Request, TokenEvent
+
+Annotate = Callable[..., None]  # annotate(kind: str, **data) -> None
+
+
+class Notes:
+    """The engine's annotate hook: `notes(observed, kind, **data)` tells it of an event.
+
+    annotate : None (nothing is told), or a callable `annotate(kind, **data)`; anything
+               else is refused (ConfigError)
+    An Exception the hook raises joins `observed` (the engine's call's list) as an
+    ObserverError, raised once the engine's call is done.
+    """
+
+    def __init__(self, annotate: Annotate | None):
+        if annotate is not None and not callable(annotate):
+            raise ConfigError(
+                f"annotate must be a callable annotate(kind, **data), e.g. a Recorder's "
+                f"annotate, or None; got {annotate!r}"
+            )
+        self.annotate = annotate
+
+    def __call__(self, observed: list[ObserverError], kind: str, **data) -> None:
+        if self.annotate is None:
+            return
+        try:
+            self.annotate(kind, **data)
+        except Exception as error:
+            failure = ObserverError(
+                f"the annotate hook {self.annotate!r} raised {error!r} on a {kind!r} "
+                "annotation; the engine's event stands: fix the hook or give the engine "
+                "annotate=None",
+                kind,
+            )
+            failure.__cause__ = error
+            observed.append(failure)
+
+    @contextmanager
+    def growth(self, observed: list[ObserverError], executor: object) -> Iterator[None]:
+        """Around an `execute`: a `growth` annotation when `executor`'s pool grew in it (also
+        when it failed: a batch may grow the pool before it fails)."""
+        before = pool_size(executor)
+        try:
+            yield
+        finally:
+            after = pool_size(executor)
+            if before is not None and after is not None and after[1] > before[1]:
+                growths = after[1] - before[1]
+                self(observed, "growth", rows_before=before[0], rows=after[0], growths=growths)
+
+
+def pool_size(executor: object) -> tuple[int, int] | None:
+    """(rows, growth_count) of `executor.cache`, or None when it has no cache counting them."""
+    cache = getattr(executor, "cache", None)
+    rows, growths = getattr(cache, "rows", None), getattr(cache, "growth_count", None)
+    return (rows, growths) if isinstance(rows, int) and isinstance(growths, int) else None
+
+
+def call_back(
+    events: list[TokenEvent],
+    requests: dict[int, Request],
+    stop: Callable[[Request, FinishReason], None],
+) -> dict[int, BaseException]:
+    """Hands each event to its request's `on_token`, in order; a callback that raises ends
+    its request (`stop(request, "error")`, unless it had finished) and hears nothing more.
+    Returns {request id: what its callback raised}, in the order they raised."""
+    raised: dict[int, BaseException] = {}
+    for event in events:
+        r = requests[event.request]
+        if r.on_token is None or r.id in raised:
+            continue
+        try:
+            r.on_token(event)
+        except BaseException as error:
+            raised[r.id] = error
+            if not r.is_finished:
+                stop(r, "error")
+    return raised
+
+
+def check_not_in_callbacks(in_callbacks: bool, what: str) -> None:
+    """StepError when `what` (a method name) is called while callbacks run, inside a step."""
+    if in_callbacks:
+        raise StepError(
+            f"{what}() was called from an on_token callback, inside a step; callbacks "
+            "may submit() and cancel(); step from the loop that called step()"
+        )

@@ -1,0 +1,124 @@
+"""Who the pictures colour cells by: requests (when a trace's annotations bind sequences to
+requests) or sequences, and colours that never collide silently.
+
+A palette has a handful of colours one can tell apart; a workload has hundreds of owners.
+The largest owners (by cell-steps held over the whole trace) get the palette's colours,
+every other owner one "other" colour, and the figures say so ("128 sequences; the 9
+largest shown"). Colours are fixed per trace, so every panel of a figure agrees.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.colors import to_rgb
+
+from numbakv.snapshot import Snapshot
+from numbakv.trace import Trace
+from numbakv.trace_scan import change_codes, change_frames, previous_changes
+
+# Okabe & Ito's colour-blind-safe palette without its black (shared cells) and vermillion
+# (too near read_len's red), then Paul Tol's wine, olive and indigo
+PALETTE = (
+    "#E69F00",
+    "#56B4E9",
+    "#009E73",
+    "#F0E442",
+    "#0072B2",
+    "#CC79A7",
+    "#882255",
+    "#999933",
+    "#332288",
+)
+FREE_COLOUR, SHARED_COLOUR, MIXED_COLOUR = "#FFFFFF", "#000000", "#8C8C8C"
+OTHER_COLOUR, UNALLOCATED_COLOUR = "#D8C8A8", "#E4E4E4"
+READ_LEN_COLOUR = "#D00000"  # read_len, in every panel
+MARK_COLOUR = "#000000"  # the step a figure is about (dashed)
+MIXED = -3  # a pixel no owner holds the majority of
+
+
+@dataclass(frozen=True)
+class Owners:
+    """The owners of a trace's cells, grouped `by` "request" or "seq".
+
+    labels        : group index -> "request 7" or "seq 3"
+    seq_groups    : [n_frames, max_seqs] int64, each sequence id's group at each frame
+    totals        : [n_groups] int64, cell-steps each group holds alone over the trace
+    shown         : the groups with their own colour, largest first (at most len(PALETTE))
+    colours       : [n_groups, 3] float64 RGB: PALETTE for `shown`, OTHER_COLOUR otherwise
+    """
+
+    by: str
+    labels: tuple[str, ...]
+    seq_groups: np.ndarray
+    totals: np.ndarray
+    shown: tuple[int, ...]
+    colours: np.ndarray
+
+    @property
+    def noun(self) -> str:
+        return {"request": "requests", "seq": "sequences"}[self.by]
+
+    @property
+    def note(self) -> str | None:
+        """What the figure must say when not every owner has its own colour."""
+        held = int(np.count_nonzero(self.totals))
+        if held <= len(self.shown):
+            return None
+        return f"{held} {self.noun}; the {len(self.shown)} largest shown"
+
+    def rgb(self, labels: np.ndarray) -> np.ndarray:
+        """[..., 3] float64 colours of pixel labels (group index, FREE, SHARED or MIXED)."""
+        table = np.vstack(
+            [self.colours, [to_rgb(c) for c in (MIXED_COLOUR, SHARED_COLOUR, FREE_COLOUR)]]
+        )
+        return table[np.where(labels >= 0, labels, len(self.colours) + 3 + labels)]
+
+
+def owners_of(trace: Trace, by: str | None = None) -> Owners:
+    """The owners of `trace`'s pictures; `by` "request" (default when the annotations bind
+    sequences to requests) or "seq". A sequence never bound stays its own group."""
+    bindings = trace.seq_bindings()
+    by = by or ("request" if len(bindings) else "seq")
+    if by not in ("request", "seq"):
+        raise ValueError(f"by={by!r}: colour cells by 'request' or 'seq'")
+    n_frames, max_seqs = trace.n_frames, trace.config.max_seqs
+    seq_groups = np.broadcast_to(np.arange(max_seqs), (n_frames, max_seqs)).copy()
+    labels = [f"seq {s}" for s in range(max_seqs)]
+    if by == "request" and len(bindings):
+        requests, index = np.unique(bindings[:, 2], return_inverse=True)
+        labels += [f"request {r}" for r in requests.tolist()]
+        for (frame, seq, _), group in zip(bindings.tolist(), index.tolist(), strict=True):
+            seq_groups[frame + 1 :, seq] = max_seqs + group
+    return _ranked(by, labels, seq_groups, _cell_steps(trace, seq_groups, len(labels)))
+
+
+def snapshot_owners(snapshot: Snapshot) -> Owners:
+    """The owners of one table's picture: its sequences, ranked by the cells each holds."""
+    codes, max_seqs = snapshot.codes, len(snapshot.live)
+    totals = np.bincount(codes[codes >= 0], minlength=max_seqs).astype(np.int64)
+    seq_groups = np.arange(max_seqs)[None]  # one frame
+    return _ranked("seq", [f"seq {s}" for s in range(max_seqs)], seq_groups, totals)
+
+
+def _ranked(by: str, labels: list[str], seq_groups: np.ndarray, totals: np.ndarray) -> Owners:
+    """Owners with PALETTE given to the largest groups, largest first."""
+    ranked = [g for g in np.argsort(-totals, kind="stable").tolist() if totals[g] > 0]
+    shown = tuple(ranked[: len(PALETTE)])
+    colours = np.tile(to_rgb(OTHER_COLOUR), (len(labels), 1))
+    for colour, group in zip(PALETTE, shown, strict=False):
+        colours[group] = to_rgb(colour)
+    return Owners(by, tuple(labels), seq_groups, totals, shown, colours)
+
+
+def _cell_steps(trace: Trace, seq_groups: np.ndarray, n_groups: int) -> np.ndarray:
+    """[n_groups] int64: the step frames each group holds each cell alone, summed."""
+    a = trace.arrays
+    codes, frames = change_codes(a), change_frames(a)
+    following = np.full(len(codes), trace.n_frames, dtype=np.int64)  # the cell's next change
+    previous = previous_changes(a)
+    following[previous[previous >= 0]] = frames[previous >= 0]
+    steps = trace.step_frames
+    held = np.searchsorted(steps, following) - np.searchsorted(steps, frames)
+    alone = np.flatnonzero(codes >= 0)
+    groups = seq_groups[frames[alone], codes[alone]]
+    return np.bincount(groups, held[alone], n_groups).astype(np.int64)

@@ -1,0 +1,188 @@
+"""Pictures of figures over time, on one clock (recorded steps; what happens between two
+steps is drawn at the step it leads into): the metrics with the trace's annotations, and
+each sequence's locality."""
+
+import warnings
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from numbakv.trace import Trace
+from numbakv.trace_scan import sequence_runs
+
+from .layout import axes_pixels, bin_size, new_figure, span, steps_of
+from .owners import MARK_COLOUR, READ_LEN_COLOUR
+
+# colours of the Engine's annotation kinds; a user's own kinds take GREYS in turn
+KIND_COLOURS = {
+    "admit": "#009E73",
+    "finish": "#0072B2",
+    "preempt": "#D55E00",
+    "cancel": "#CC79A7",
+    "error": "#000000",
+    "prefix_hit": "#E69F00",
+    "growth": "#7F7F7F",
+}
+GREYS = ("#555555", "#999999", "#BBBBBB")
+
+
+def kind_colour(kind: str, kinds: list[str]) -> str:
+    if kind in KIND_COLOURS:
+        return KIND_COLOURS[kind]
+    own = [k for k in kinds if k not in KIND_COLOURS]
+    return GREYS[own.index(kind) % len(GREYS)]
+
+
+def annotation_steps(trace: Trace) -> dict[str, np.ndarray]:
+    """{kind: [n] int64 the step of each of its annotations}, kinds in order of appearance."""
+    steps: dict[str, list[int]] = {}
+    for a in trace.annotations:
+        steps.setdefault(a.kind, []).append(a.step)
+    return {kind: np.array(s, dtype=np.int64) for kind, s in steps.items()}
+
+
+def annotation_marks(ax, trace: Trace, steps: tuple[int, int], x: float) -> None:
+    """A tick per annotation at the right edge `x` of a timeline, at its step."""
+    kinds = annotation_steps(trace)
+    for kind, at in kinds.items():
+        at = at[(at >= steps[0]) & (at < steps[1])]
+        ax.scatter(
+            np.full(len(at), x),
+            at,
+            marker="<",
+            s=12,
+            color=kind_colour(kind, list(kinds)),
+            clip_on=False,
+            zorder=3,
+            label=None,
+        )
+
+
+def plot_metrics(
+    trace: Trace,
+    *,
+    steps=None,
+    mark_step: int | None = None,
+    dpi: float = 100,
+    fig: Figure | None = None,
+) -> Figure:
+    """Per frame, at its step: used cells, read_len, rows and cells saved by sharing;
+    fragmentation (1 - used / read_len) beside the largest free run; the step width; and
+    a strip of the annotations, each kind with its count. Dotted lines mark growths."""
+    fig = new_figure(fig, (10, 6), dpi)
+    s0, s1 = span(steps, max(steps_of(trace), 1), "steps")
+    axes = fig.subplots(4, 1, sharex=True, height_ratios=(3, 1.2, 1, 1))
+    cells_ax, frag_ax, width_ax, events_ax = axes
+    m, x = trace.metrics(), trace.frame_steps
+    colours = {"read_len": READ_LEN_COLOUR}
+    for name in ("used", "read_len", "rows", "saved"):
+        cells_ax.plot(x, m[name], label=name, drawstyle="steps-post", color=colours.get(name))
+    cells_ax.set_ylabel("cells")
+    cells_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    frag_ax.plot(x, m["fragmentation"], drawstyle="steps-post", label="fragmentation")
+    frag_ax.set_ylabel("1 - used/read_len")
+    frag_ax.set_ylim(-0.02, 1.02)
+    free_ax = frag_ax.twinx()
+    free_ax.plot(
+        x, m["largest_free"], drawstyle="steps-post", color="#009E73", label="largest free run"
+    )
+    free_ax.set_ylabel("largest free run", color="#009E73", fontsize="small")
+    width_ax.plot(x, m["width"], drawstyle="steps-post")
+    width_ax.set_ylabel("step width")
+    counts = _event_strip(events_ax, trace)
+    events_ax.set_xlabel("step (verbs between steps: at the step they lead into)")
+    for ax in axes:
+        for step in x[np.flatnonzero(m["growth"])]:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+        if mark_step is not None:
+            ax.axvline(mark_step, color=MARK_COLOUR, linestyle="--", linewidth=1)
+    cells_ax.set_xlim(s0 - 0.5, s1 - 0.5)
+    fig.numbakv = {"metrics": m, "steps": x, "counts": counts}
+    return fig
+
+
+def _event_strip(ax, trace: Trace) -> dict[str, int]:
+    """One row per annotation kind, a tick at each annotation's step; y labels count them."""
+    kinds = annotation_steps(trace)
+    for row, (kind, at) in enumerate(kinds.items()):
+        ax.scatter(
+            at, np.full(len(at), row), marker="|", s=40, color=kind_colour(kind, list(kinds))
+        )
+    ax.set_yticks(
+        range(len(kinds)), [f"{k} ({len(a)})" for k, a in kinds.items()], fontsize="x-small"
+    )
+    ax.set_ylim(-0.7, max(len(kinds), 1) - 0.3)
+    if not kinds:
+        ax.text(
+            0.5,
+            0.5,
+            "no annotations (Recorder.annotate, Engine(recorder=...))",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize="small",
+        )
+        ax.set_yticks([])
+    return {kind: len(at) for kind, at in kinds.items()}
+
+
+def locality(trace: Trace) -> np.ndarray:
+    """[n_steps, max_seqs] int32: at each recorded step, how many separate runs of
+    consecutive cells each sequence owns (0: none) — 1 is a contiguous sequence."""
+    return sequence_runs(trace.arrays, trace.config.max_seqs)[trace.step_frames]
+
+
+def plot_locality(
+    trace: Trace,
+    *,
+    steps=None,
+    mark_step: int | None = None,
+    dpi: float = 100,
+    fig: Figure | None = None,
+) -> Figure:
+    """How scattered each sequence's cells are over time: runs of consecutive cells per
+    sequence (what gathered attention reads as separate stretches). Left: the mean, 90th
+    percentile and largest over the sequences holding cells; right: per sequence id, its
+    mean runs over each pixel's steps (white: holds no cell)."""
+    fig = new_figure(fig, (14, 4), dpi)
+    s0, s1 = span(steps, max(steps_of(trace), 1), "steps")
+    runs = locality(trace)[s0:s1].astype(np.float64)
+    held = np.where(runs > 0, runs, np.nan)
+    line_ax, map_ax = fig.subplots(1, 2, width_ratios=(1, 1.3))
+    at = np.arange(s0, s1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no sequence holds cells
+        figures = {
+            "mean": np.nanmean(held, axis=1),
+            "p90": np.nanpercentile(held, 90, axis=1),
+            "max": np.nanmax(held, axis=1),
+        }
+    for name, values in figures.items():
+        line_ax.plot(at, values, label=name, drawstyle="steps-post")
+    line_ax.set_xlabel("step")
+    line_ax.set_ylabel("runs per sequence")
+    line_ax.legend(fontsize="small")
+    if mark_step is not None:
+        line_ax.axvline(mark_step, color=MARK_COLOUR, linestyle="--", linewidth=1)
+    width = axes_pixels(map_ax)[0] * 0.8  # less the colour bar's room, drawn later
+    step_bin = bin_size(s1 - s0, width, None, "step bin")
+    starts = np.arange(0, s1 - s0, step_bin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        binned = np.stack([np.nanmean(held[a : a + step_bin], axis=0) for a in starts], axis=1)
+    image = map_ax.imshow(
+        binned,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        extent=(s0 - 0.5, s1 - 0.5, runs.shape[1] - 0.5, -0.5),
+    )
+    map_ax.set_facecolor("#FFFFFF")
+    fig.colorbar(image, ax=map_ax, label="mean runs")
+    map_ax.set_xlabel("step")
+    map_ax.set_ylabel("sequence id")
+    map_ax.set_title(
+        f"runs of consecutive cells per sequence (each pixel: {step_bin} steps)", fontsize="medium"
+    )
+    fig.numbakv = {"runs": runs, "lines": figures, "map": binned}
+    return fig
