@@ -10,7 +10,9 @@ nearly full, decode-first steps with chunked prefill; 65 536 cells, 128 sequence
                                                        # pool fills and requests are preempted
     python benchmarks/record_large.py --save big.npz   # keep the trace for plot_large.py
 
-Prints the seconds of the whole run and of the recording's share, and the trace's size.
+The workload annotates the trace (admit, fork, preempt, finish, each naming its request),
+so its pictures colour cells by request and mark the preemptions. Prints the seconds of
+the whole run (one updating progress line on stderr while it runs).
 """
 
 import argparse
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from numbakv.reference import CacheConfig, CellCache
 from numbakv.trace import Recorder
+from numbakv.viz.progress import Progress
 
 SYSTEM = 512  # tokens of the shared system prompt
 
@@ -32,8 +35,11 @@ class Workload:
     """Requests arriving, prefilled in chunks after the decodes, decoding, finishing, forked
     and preempted; `step()` declares and prepares one step."""
 
-    def __init__(self, cache: CellCache, rng: np.random.Generator, decodes=(16, 256)):
-        self.cache, self.rng, self.decodes = cache, rng, decodes
+    def __init__(self, cache: CellCache, rng: np.random.Generator, decodes=(16, 256),
+                 annotate=lambda kind, **data: None):  # fmt: skip
+        self.cache, self.rng, self.decodes, self.annotate = cache, rng, decodes, annotate
+        self.requests: dict[int, int] = {}  # seq -> its request
+        self.n_requests = 0
         self.system = cache.seq_new()
         for start in range(0, SYSTEM, 256):
             cache.declare_step([self.system] * min(256, SYSTEM - start))
@@ -57,6 +63,7 @@ class Workload:
             victim = max(self.decode)
             del self.decode[victim]
             cache.seq_rm(victim)
+            self.annotate("preempt", request=self.requests.pop(victim), seq=victim)
             ids = [s for s in ids if s != victim]
             self.preemptions += 1
         if ids:
@@ -67,6 +74,8 @@ class Workload:
     def admit(self) -> None:
         seq = self.cache.seq_clone(self.system)
         self.prefill[seq] = int(self.rng.integers(16, 384))
+        self.requests[seq], self.n_requests = self.n_requests, self.n_requests + 1
+        self.annotate("admit", request=self.requests[seq], seqs=[seq])
 
     def finish(self) -> None:
         for seq, left in list(self.prefill.items()):
@@ -74,12 +83,16 @@ class Workload:
                 del self.prefill[seq]
                 self.decode[seq] = int(self.rng.integers(*self.decodes))
                 if self.rng.random() < 0.25 and len(self.cache.live_seqs) < 126:
-                    self.decode[self.cache.seq_clone(seq)] = int(self.rng.integers(*self.decodes))
+                    fork = self.cache.seq_clone(seq)
+                    self.decode[fork] = int(self.rng.integers(*self.decodes))
+                    self.requests[fork] = self.requests[seq]
+                    self.annotate("fork", request=self.requests[seq], seqs=[fork])
         for seq in list(self.decode):
             self.decode[seq] -= 1
             if self.decode[seq] <= 0:
                 del self.decode[seq]
                 self.cache.seq_rm(seq)
+                self.annotate("finish", request=self.requests.pop(seq), seq=seq)
 
 
 def main(argv=None) -> int:
@@ -97,9 +110,13 @@ def main(argv=None) -> int:
     recorder = Recorder(cache)
     if args.eager_masks:  # what prepare_step did before masks were computed when read
         cache.add_observer(lambda c, e, step: step and [step.mask(w) for w in step.windows])
-    workload = Workload(cache, np.random.default_rng(0), (128, 1024) if args.long else (16, 256))
-    for _ in range(args.steps):
+    decodes = (128, 1024) if args.long else (16, 256)
+    workload = Workload(cache, np.random.default_rng(0), decodes, recorder.annotate)
+    progress = Progress("recording")
+    for step in range(args.steps):
         workload.step()
+        progress(step + 1, args.steps)
+    progress.close()
     seconds = time.perf_counter() - started
     trace = recorder.trace()
     print(f"{args.steps} steps, {trace.n_frames} frames, peak {trace.metrics()['used'].max()} "

@@ -8,6 +8,8 @@ from pathlib import Path
 from numbakv.cli import CHECK, _fail, int_at_least, new_file, trace_input
 
 KINDS = ("all", "cells", "timeline", "metrics", "mask", "locality", "movie")
+ONE_STEP = ("cells", "mask")  # pictures of the step --step names: --steps does not apply
+NO_CELLS = ("metrics", "locality")  # pictures of figures per step: --cells and --bin do not
 
 
 def add_viz(commands) -> None:
@@ -15,30 +17,46 @@ def add_viz(commands) -> None:
     viz = commands.add_parser("viz", help="draw a trace saved by `numbakv demo --trace`")
     viz.add_argument("trace", type=trace_input, metavar="TRACE", help="a .npz trace")
     viz.add_argument(
-        "-o", "--output", type=new_file, metavar="FILE", required=True,
+        "-o",
+        "--output",
+        type=new_file,
+        metavar="FILE",
+        required=True,
         help="image to write; its extension picks the format (.png, .pdf, .svg, ...; "
         ".gif for --kind movie)",
-    )  # fmt: skip
+    )
     viz.add_argument("--kind", choices=KINDS, default="all", help="which picture (default all)")
     viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
     viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
     viz.add_argument("--cells", type=cell_range, metavar="A:B", help="only cells [A, B)")
     viz.add_argument("--steps", type=cell_range, metavar="A:B", help="only recorded steps [A, B)")
     viz.add_argument(
-        "--bin", type=int_at_least(1), metavar="N",
+        "--bin",
+        type=int_at_least(1),
+        metavar="N",
         help="cells per pixel column (default: what fits; a big pool is drawn in blocks)",
-    )  # fmt: skip
-    viz.add_argument("--dpi", type=int_at_least(10), default=100, help="pixels per inch (100)")
+    )
+    viz.add_argument("--dpi", type=dpi, default=100, help="pixels per inch, 10 to 600 (100)")
     viz.add_argument(
-        "--by", choices=("request", "seq"),
+        "--by",
+        choices=("request", "seq"),
         help="colour cells by request (default when the trace's annotations name requests) "
         "or by sequence",
-    )  # fmt: skip
+    )
     viz.set_defaults(run=_viz, parser=viz)
 
 
+def dpi(text: str) -> int:
+    """An argparse type: an int from 10 to 600 (a figure is 10 x 6 inches and more)."""
+    value = int_at_least(10)(text)
+    if value > 600:
+        raise argparse.ArgumentTypeError(f"{text} is more than 600 dots per inch; give 10-600")
+    return value
+
+
 def cell_range(text: str) -> tuple[int, int | None]:
-    """An argparse type: "A:B" (0 <= A < B), "A:" (to the end) or ":B" as (A, B or None)."""
+    """An argparse type for --cells and --steps: "A:B" (0 <= A < B), "A:" (to the end) or
+    ":B", as (A, B or None)."""
     match = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", text)
     if not match or not any(match.groups()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a range; give A:B, A: or :B")
@@ -71,6 +89,16 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if problem := _check_output(args.output, args.kind):
         parser.error(f"argument -o/--output: {problem}")
+    for option, value, kinds in (
+        ("--steps", args.steps, ONE_STEP),
+        ("--cells", args.cells, NO_CELLS),
+        ("--bin", args.bin, NO_CELLS),
+    ):
+        if value is not None and args.kind in kinds:
+            parser.error(
+                f"argument {option}: --kind {args.kind} has no {option[2:]} to zoom; "
+                f"drop it, or draw another --kind"
+            )
     try:
         trace = load_trace(args.trace)
     except TraceError as error:
@@ -88,35 +116,36 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     window = windows[0] if args.window is None else args.window
     if window not in windows:
         parser.error(f"argument --window: {window} is not one of the trace's windows {windows}")
-    n_cells = max(int(trace.arrays["read_len"].max(initial=0)), int(trace.arrays["rows"].max()))
-    for name, value, n in (("cells", args.cells, n_cells), ("steps", args.steps, n_steps)):
-        if value is not None and value[0] >= n:
-            parser.error(f"argument --{name}: {value[0]}: is past the trace's {n} {name}")
+    from numbakv.viz.layout import ZoomError
+
     try:
-        return _draw(args, parser, trace, step % n_steps, window)
+        return _draw(args, trace, step % n_steps, window)
+    except ZoomError as error:  # a range past what this picture of this trace shows
+        parser.error(f"argument --{error.what}: {error}")
     except OSError as error:
         return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
 
 
-def _draw(args, parser, trace, step: int, window: int) -> int:
+def _draw(args, trace, step: int, window: int) -> int:
     from numbakv.viz import (
         plot_all,
         plot_cells,
         plot_locality,
         plot_mask,
         plot_metrics,
-        plot_timeline,  # fmt: skip
+        plot_timeline,
         save_movie,
     )
     from numbakv.viz.progress import Progress
 
-    cells = None if args.cells is None else (args.cells[0], args.cells[1] or 1 << 62)
-    steps = None if args.steps is None else (args.steps[0], args.steps[1] or 1 << 62)
-    zoom = {"cells": cells, "bin": args.bin, "dpi": args.dpi}
+    steps = args.steps
+    zoom = {"cells": args.cells, "bin": args.bin, "dpi": args.dpi}
     progress = Progress(f"drawing {args.kind}")
     frame = trace.step_frames[step]
     draw = {
-        "all": lambda: plot_all(trace, step, window, steps=steps, by=args.by, **zoom),
+        "all": lambda: plot_all(
+            trace, step, window, steps=steps, by=args.by, progress=progress, **zoom
+        ),
         "cells": lambda: plot_cells(trace, step, by=args.by, **zoom),
         "timeline": lambda: plot_timeline(
             trace, steps=steps, mark_step=step, by=args.by, progress=progress, **zoom

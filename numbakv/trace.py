@@ -137,13 +137,15 @@ class Trace:
         """[n, 3] int64 rows (frame, seq, request) in recording order: an annotation whose
         data has an int `request` and an int `seq` or a list of ints `seqs` binds those ids
         to that request from the next frame on; a later binding of the same id replaces it
-        (a closed sequence's id reused by another request)."""
+        (a closed sequence's id reused by another request). An id past max_seqs binds
+        nothing (it names no sequence of this cache)."""
         rows = []
         for r in self._annotations:
             data = r["data"]
             seqs = data["seqs"] if isinstance(data.get("seqs"), list) else [data.get("seq")]
             if _is_id(data.get("request")):
-                rows += [(r["frame"], seq, data["request"]) for seq in seqs if _is_id(seq)]
+                rows += [(r["frame"], seq, data["request"]) for seq in seqs
+                         if _is_id(seq) and seq < self.config.max_seqs]  # fmt: skip
         return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     @property
@@ -286,10 +288,12 @@ class Recorder:
         kind : 1 to 64 ASCII letters, digits or underscores, not starting with a digit,
                e.g. "admit", "finish", "growth" or one of your own
         data : keyword arguments of such names, each None, a bool, an int in int64's range,
-               a finite float, a str, or a list or tuple of those (stored as a list)
+               a finite float, a str, or a list or tuple of those (stored as a list);
+               numpy scalars count as the Python values they hold
 
         Refused with ConfigError naming the bad value, and nothing recorded, otherwise.
         """
+        data = {key: _python(value) for key, value in data.items()}
         problem = annotation_problem(kind, data)
         if problem is not None:
             raise ConfigError(f"{problem}; nothing was recorded")
@@ -375,6 +379,13 @@ def _changes(old_pos, old_owners, new_pos, new_owners):
     )
     cells = np.flatnonzero((old_pos != new_pos) | (old_owners != new_owners).any(axis=1))
     return cells.astype(np.int32), new_pos[cells], new_owners[cells]
+
+
+def _python(value: object) -> object:
+    """`value` with numpy scalars (np.int64, np.bool_, np.float32 ...) as Python's own."""
+    if isinstance(value, list | tuple):
+        return [v.item() if isinstance(v, np.generic) else v for v in value]
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _is_id(value: object) -> bool:

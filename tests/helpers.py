@@ -2,6 +2,7 @@
 an observer, a failing allocator, a tiny model and its oracles, the benchmarks' modules."""
 
 import importlib
+import io
 import sys
 from pathlib import Path
 
@@ -215,3 +216,15 @@ def benchmark_module(name: str):
         sys.path.remove(str(BENCHMARKS))
     assert Path(module.__file__).parent == BENCHMARKS, module.__file__
     return module
+
+
+def npy(array, **header) -> bytes:
+    """The .npy bytes of `array` (allow_pickle on); `header` overrides its header fields."""
+    out = io.BytesIO()
+    if header:
+        fields = np.lib.format.header_data_from_array_1_0(array) | header
+        np.lib.format.write_array_header_1_0(out, fields)
+        out.write(array.tobytes())
+    else:
+        np.save(out, array, allow_pickle=True)
+    return out.getvalue()

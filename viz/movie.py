@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from numbakv.trace import Trace
 
-from .layout import axes_pixels, bin_size, owner_legend, shade, span, steps_of
+from .layout import axes_pixels, bin_size, need_steps, owner_legend, shade, span
 from .owners import MIXED, owners_of
 from .pixels import owner_pixels
 
@@ -28,9 +28,11 @@ def save_movie(
     """Writes an animated GIF of the pool (Pillow) to `path`: `frames` pictures, each the
     blocks of `bin` cells (default: what fits) aggregated over its share of the steps.
     Returns the data drawn: {"pixels": OwnerPixels (a row per frame), "columns": int}."""
+    if int(fps) < 1 or int(frames) < 1:
+        raise ValueError(f"frames={frames!r}, fps={fps!r}: give at least 1 of each")
     owners = owners_of(trace, by)
     n_cells = max(int(trace.arrays["read_len"].max(initial=0)), 1)
-    (c0, c1), (s0, s1) = span(cells, n_cells, "cells"), span(steps, steps_of(trace), "steps")
+    (c0, c1), (s0, s1) = span(cells, n_cells, "cells"), span(steps, need_steps(trace), "steps")
     fig = Figure(figsize=(8, 5), dpi=dpi)  # a fixed layout: laid out once, not per frame
     ax = fig.subplots()
     fig.subplots_adjust(left=0.08, right=0.68, top=0.92, bottom=0.1)

@@ -29,7 +29,8 @@ PALETTE = (
     "#999933",
     "#332288",
 )
-FREE_COLOUR, SHARED_COLOUR, MIXED_COLOUR = "#FFFFFF", "#000000", "#8C8C8C"
+FREE_COLOUR, SHARED_COLOUR = "#FFFFFF", "#000000"
+MIXED_COLOUR = "#6A7F9A"  # slate: not a grey, which partly shared (black) pixels are
 OTHER_COLOUR, UNALLOCATED_COLOUR = "#D8C8A8", "#E4E4E4"
 READ_LEN_COLOUR = "#D00000"  # read_len, in every panel
 MARK_COLOUR = "#000000"  # the step a figure is about (dashed)
@@ -55,16 +56,35 @@ class Owners:
     colours: np.ndarray
 
     @property
+    def counts(self) -> tuple[int, int]:
+        """(requests, sequences never bound to one) that hold a cell at some step."""
+        held = np.flatnonzero(self.totals)
+        requests = sum(self.labels[g].startswith("request") for g in held.tolist())
+        return requests, len(held) - requests
+
+    @property
     def noun(self) -> str:
-        return {"request": "requests", "seq": "sequences"}[self.by]
+        """What the owners are: "requests", "sequences" or "owners" (both)."""
+        requests, seqs = self.counts
+        return "owners" if requests and seqs else "requests" if requests else "sequences"
+
+    @property
+    def title(self) -> str:
+        """The legend's title: what colours stand for, and how many are not shown."""
+        requests, seqs = self.counts
+        parts = [
+            f"{n} {noun}{'s' * (n > 1)}"
+            for n, noun in ((requests, "request"), (seqs, "sequence"))
+            if n
+        ]
+        if requests + seqs <= len(self.shown):
+            return f"by {'request' if requests else 'sequence'}"
+        return f"{' and '.join(parts)}; the {len(self.shown)} largest shown"
 
     @property
     def note(self) -> str | None:
-        """What the figure must say when not every owner has its own colour."""
-        held = int(np.count_nonzero(self.totals))
-        if held <= len(self.shown):
-            return None
-        return f"{held} {self.noun}; the {len(self.shown)} largest shown"
+        """What the figure must say when not every owner has its own colour, else None."""
+        return None if sum(self.counts) <= len(self.shown) else self.title
 
     def rgb(self, labels: np.ndarray) -> np.ndarray:
         """[..., 3] float64 colours of pixel labels (group index, FREE, SHARED or MIXED)."""
@@ -82,7 +102,7 @@ def owners_of(trace: Trace, by: str | None = None) -> Owners:
     if by not in ("request", "seq"):
         raise ValueError(f"by={by!r}: colour cells by 'request' or 'seq'")
     n_frames, max_seqs = trace.n_frames, trace.config.max_seqs
-    seq_groups = np.broadcast_to(np.arange(max_seqs), (n_frames, max_seqs)).copy()
+    seq_groups = np.broadcast_to(np.arange(max_seqs, dtype=np.int32), (n_frames, max_seqs)).copy()
     labels = [f"seq {s}" for s in range(max_seqs)]
     if by == "request" and len(bindings):
         requests, index = np.unique(bindings[:, 2], return_inverse=True)
@@ -111,14 +131,16 @@ def _ranked(by: str, labels: list[str], seq_groups: np.ndarray, totals: np.ndarr
 
 
 def _cell_steps(trace: Trace, seq_groups: np.ndarray, n_groups: int) -> np.ndarray:
-    """[n_groups] int64: the step frames each group holds each cell alone, summed."""
+    """[n_groups] int64: summed over the recorded steps, the cells each group holds alone
+    (a sequence's cells counted for the group it has at that step)."""
     a = trace.arrays
-    codes, frames = change_codes(a), change_frames(a)
-    following = np.full(len(codes), trace.n_frames, dtype=np.int64)  # the cell's next change
-    previous = previous_changes(a)
-    following[previous[previous >= 0]] = frames[previous >= 0]
+    codes, frames, previous = change_codes(a), change_frames(a), previous_changes(a)
+    ids = np.unique(codes[codes >= 0])  # the sequences that ever hold a cell alone
+    alone = np.zeros((trace.n_frames, len(ids)), dtype=np.int64)  # its change per frame
+    gains, losses = codes >= 0, (previous >= 0) & (codes[np.maximum(previous, 0)] >= 0)
+    np.add.at(alone, (frames[gains], np.searchsorted(ids, codes[gains])), 1)
+    lost = codes[previous[losses]]
+    np.add.at(alone, (frames[losses], np.searchsorted(ids, lost)), -1)
     steps = trace.step_frames
-    held = np.searchsorted(steps, following) - np.searchsorted(steps, frames)
-    alone = np.flatnonzero(codes >= 0)
-    groups = seq_groups[frames[alone], codes[alone]]
-    return np.bincount(groups, held[alone], n_groups).astype(np.int64)
+    held = np.cumsum(alone, axis=0)[steps]  # [n_steps, ids]
+    return np.bincount(seq_groups[steps][:, ids].ravel(), held.ravel(), n_groups).astype(np.int64)

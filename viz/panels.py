@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from numbakv.trace import Trace
 from numbakv.trace_scan import sequence_runs
 
-from .layout import axes_pixels, bin_size, new_figure, span, steps_of
+from .layout import axes_pixels, bin_size, need_steps, new_figure, span, steps_of
 from .owners import MARK_COLOUR, READ_LEN_COLOUR
 
 # colours of the Engine's annotation kinds; a user's own kinds take GREYS in turn
@@ -41,20 +41,27 @@ def annotation_steps(trace: Trace) -> dict[str, np.ndarray]:
     return {kind: np.array(s, dtype=np.int64) for kind, s in steps.items()}
 
 
+def shown_steps(at: np.ndarray, steps: tuple[int, int], n_steps: int) -> np.ndarray:
+    """The steps of `at` a picture of `steps` shows: those inside, and when it reaches the
+    trace's end, those after the last step (step n_steps: what followed it)."""
+    last = steps[1] if steps[1] == n_steps else steps[1] - 1
+    return at[(at >= steps[0]) & (at <= last)]
+
+
 def annotation_marks(ax, trace: Trace, steps: tuple[int, int], x: float) -> None:
-    """A tick per annotation at the right edge `x` of a timeline, at its step."""
+    """A tick per annotation at the right edge `x` of a timeline, at its step (those after
+    the last step at the picture's lower edge)."""
     kinds = annotation_steps(trace)
     for kind, at in kinds.items():
-        at = at[(at >= steps[0]) & (at < steps[1])]
+        at = shown_steps(at, steps, steps_of(trace))
         ax.scatter(
             np.full(len(at), x),
-            at,
+            np.minimum(at, steps[1] - 0.5),
             marker="<",
             s=12,
             color=kind_colour(kind, list(kinds)),
             clip_on=False,
             zorder=3,
-            label=None,
         )
 
 
@@ -68,9 +75,11 @@ def plot_metrics(
 ) -> Figure:
     """Per frame, at its step: used cells, read_len, rows and cells saved by sharing;
     fragmentation (1 - used / read_len) beside the largest free run; the step width; and
-    a strip of the annotations, each kind with its count. Dotted lines mark growths."""
+    a strip of the annotations, each kind with how many it shows (of how many, when
+    zoomed). Dotted lines mark growths. What follows the last step is drawn at n_steps."""
     fig = new_figure(fig, (10, 6), dpi)
-    s0, s1 = span(steps, max(steps_of(trace), 1), "steps")
+    n_steps = need_steps(trace)
+    s0, s1 = span(steps, n_steps, "steps")
     axes = fig.subplots(4, 1, sharex=True, height_ratios=(3, 1.2, 1, 1))
     cells_ax, frag_ax, width_ax, events_ax = axes
     m, x = trace.metrics(), trace.frame_steps
@@ -89,41 +98,46 @@ def plot_metrics(
     free_ax.set_ylabel("largest free run", color="#009E73", fontsize="small")
     width_ax.plot(x, m["width"], drawstyle="steps-post")
     width_ax.set_ylabel("step width")
-    counts = _event_strip(events_ax, trace)
+    counts = _event_strip(events_ax, trace, (s0, s1))
     events_ax.set_xlabel("step (verbs between steps: at the step they lead into)")
     for ax in axes:
         for step in x[np.flatnonzero(m["growth"])]:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
         if mark_step is not None:
             ax.axvline(mark_step, color=MARK_COLOUR, linestyle="--", linewidth=1)
-    cells_ax.set_xlim(s0 - 0.5, s1 - 0.5)
+    cells_ax.set_xlim(s0 - 0.5, s1 + (0.5 if s1 == n_steps else -0.5))
     fig.numbakv = {"metrics": m, "steps": x, "counts": counts}
     return fig
 
 
-def _event_strip(ax, trace: Trace) -> dict[str, int]:
+def _event_strip(ax, trace: Trace, steps: tuple[int, int]) -> dict[str, int]:
     """One row per annotation kind, a tick at each annotation's step; y labels count them."""
     kinds = annotation_steps(trace)
-    for row, (kind, at) in enumerate(kinds.items()):
+    counts = {}
+    for row, (kind, every) in enumerate(kinds.items()):
+        at = shown_steps(every, steps, steps_of(trace))
         ax.scatter(
             at, np.full(len(at), row), marker="|", s=40, color=kind_colour(kind, list(kinds))
         )
-    ax.set_yticks(
-        range(len(kinds)), [f"{k} ({len(a)})" for k, a in kinds.items()], fontsize="x-small"
-    )
+        counts[kind] = len(at)
+    labels = [
+        f"{k} ({counts[k]}{'' if counts[k] == len(a) else f' of {len(a)}'})"
+        for k, a in kinds.items()
+    ]
+    ax.set_yticks(range(len(kinds)), labels, fontsize="x-small")
     ax.set_ylim(-0.7, max(len(kinds), 1) - 0.3)
     if not kinds:
         ax.text(
             0.5,
             0.5,
-            "no annotations (Recorder.annotate, Engine(recorder=...))",
+            "no annotations (Recorder.annotate, Engine(annotate=recorder.annotate))",
             transform=ax.transAxes,
             ha="center",
             va="center",
             fontsize="small",
         )
         ax.set_yticks([])
-    return {kind: len(at) for kind, at in kinds.items()}
+    return counts
 
 
 def locality(trace: Trace) -> np.ndarray:
@@ -145,7 +159,7 @@ def plot_locality(
     percentile and largest over the sequences holding cells; right: per sequence id, its
     mean runs over each pixel's steps (white: holds no cell)."""
     fig = new_figure(fig, (14, 4), dpi)
-    s0, s1 = span(steps, max(steps_of(trace), 1), "steps")
+    s0, s1 = span(steps, need_steps(trace), "steps")
     runs = locality(trace)[s0:s1].astype(np.float64)
     held = np.where(runs > 0, runs, np.nan)
     line_ax, map_ax = fig.subplots(1, 2, width_ratios=(1, 1.3))
@@ -164,25 +178,40 @@ def plot_locality(
     line_ax.legend(fontsize="small")
     if mark_step is not None:
         line_ax.axvline(mark_step, color=MARK_COLOUR, linestyle="--", linewidth=1)
-    width = axes_pixels(map_ax)[0] * 0.8  # less the colour bar's room, drawn later
-    step_bin = bin_size(s1 - s0, width, None, "step bin")
-    starts = np.arange(0, s1 - s0, step_bin)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        binned = np.stack([np.nanmean(held[a : a + step_bin], axis=0) for a in starts], axis=1)
-    image = map_ax.imshow(
-        binned,
-        aspect="auto",
-        interpolation="nearest",
-        cmap="viridis",
-        extent=(s0 - 0.5, s1 - 0.5, runs.shape[1] - 0.5, -0.5),
-    )
-    map_ax.set_facecolor("#FFFFFF")
-    fig.colorbar(image, ax=map_ax, label="mean runs")
+    image = map_ax.imshow(np.zeros((1, 1)), aspect="auto", cmap="viridis")
+    bar = fig.colorbar(image, ax=map_ax, label="mean runs")
     map_ax.set_xlabel("step")
     map_ax.set_ylabel("sequence id")
+    map_ax.set_title("runs", fontsize="medium")
+    map_ax.set_xlim(s0 - 0.5, s1 - 0.5)
+    map_ax.set_ylim(runs.shape[1] - 0.5, -0.5)
+    width, height = axes_pixels(map_ax)  # with labels and title in place
+    width -= 1.5 * bar.ax.get_tightbbox().width  # the colour bar takes its room beside it
+    step_bin = bin_size(s1 - s0, width, None, "step bin")
+    seq_bin = bin_size(runs.shape[1], height, None, "sequence bin")
+    binned = _mean_blocks(held, step_bin, seq_bin).T  # [sequence pixels, step pixels]
+    image.set_data(binned)
+    image.set_extent(
+        (s0 - 0.5, s0 + binned.shape[1] * step_bin - 0.5, binned.shape[0] * seq_bin - 0.5, -0.5)
+    )
+    image.set_clim(np.nanmin(binned, initial=1), max(np.nanmax(binned, initial=1), 1))
+    map_ax.set_xlim(s0 - 0.5, s1 - 0.5)
+    map_ax.set_ylim(runs.shape[1] - 0.5, -0.5)
+    map_ax.set_facecolor("#FFFFFF")
+    each = f"{step_bin} steps" + (f" x {seq_bin} sequences" if seq_bin > 1 else "")
     map_ax.set_title(
-        f"runs of consecutive cells per sequence (each pixel: {step_bin} steps)", fontsize="medium"
+        f"runs of consecutive cells per sequence (each pixel: {each})", fontsize="medium"
     )
     fig.numbakv = {"runs": runs, "lines": figures, "map": binned}
     return fig
+
+
+def _mean_blocks(held: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The NaN-ignoring mean of each `rows` x `cols` block of `held` (NaN: all NaN)."""
+    n, m = held.shape
+    padded = np.full((-(-n // rows) * rows, -(-m // cols) * cols), np.nan)
+    padded[:n, :m] = held
+    blocks = padded.reshape(len(padded) // rows, rows, -1, cols)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an empty block: NaN, drawn white
+        return np.nanmean(blocks, axis=(1, 3))

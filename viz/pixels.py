@@ -14,7 +14,7 @@ import numpy as np
 
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Trace, TraceStep
-from numbakv.trace_scan import replay_codes
+from numbakv.trace_scan import change_codes, replay_codes
 
 from .owners import MIXED, Owners
 
@@ -60,14 +60,19 @@ def owner_pixels(
     """Owner pixels of cells [cells[0], cells[1]) at recorded steps [steps[0], steps[1]),
     `cell_bin` cells per column and `step_bin` steps per row. Cells past a step's read_len
     are free. One replay of the trace up to the last step drawn, O(changes + rows * cols *
-    max_seqs): never a [steps, cells] array. `progress(done, total)`, when given, hears
+    ids used): never a [steps, cells] array. `progress(done, total)`, when given, hears
     how many of the steps drawn are done, now and then."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
-    n_cols, max_seqs = len(cell_edges) - 1, trace.config.max_seqs
-    rows = _Rows(cell_edges, step_edges, max_seqs, owners.seq_groups)
+    n_cols = len(cell_edges) - 1
+    ids = np.unique(change_codes(trace.arrays))
+    ids = ids[ids >= 0]  # only ids that ever hold a cell alone get counts: O(ids used)
+    slot_of = np.full(trace.config.max_seqs + 3, len(ids), dtype=np.int64)  # SHARED: last
+    slot_of[ids], slot_of[FREE] = np.arange(len(ids)), -1
+    groups = owners.seq_groups[:, ids]
+    rows = _Rows(cell_edges, step_edges, len(ids), groups)
     column = np.full(max(cells[1], 1), n_cols, dtype=np.int64)  # each cell's column; n_cols: out
     column[cells[0] : cells[1]] = (np.arange(cells[0], cells[1]) - cells[0]) // cell_bin
-    slot = np.full(max(cells[1], 1), -1, dtype=np.int64)  # each cell's id; max_seqs: shared
+    slot = np.full(max(cells[1], 1), -1, dtype=np.int64)  # each cell's owner's slot, -1 free
     clock = trace.frame_steps  # a frame's changes hold from the step it leads into on
     n_cells = int(trace.arrays["read_len"].max(initial=0))
     for f, codes, changed in replay_codes(trace.arrays, n_cells):
@@ -75,22 +80,19 @@ def owner_pixels(
         if t >= steps[1]:
             break
         rows.advance(t)
-        if (
-            f > 0
-            and (moved := np.flatnonzero(owners.seq_groups[f] != owners.seq_groups[f - 1])).size
-        ):
+        if f > 0 and (moved := np.flatnonzero(groups[f] != groups[f - 1])).size:
             rows.rebind(moved, f)
         inside = changed[changed < cells[1]]
         if inside.size:
-            new = codes[inside].astype(np.int64)
-            new = np.where(new == SHARED, max_seqs, new)
-            old = slot[inside]
+            new, old = slot_of[codes[inside]], slot[inside]
             rows.change(column[inside][old >= 0], old[old >= 0], -1)
             rows.change(column[inside][new >= 0], new[new >= 0], 1)
             slot[inside] = new
         if progress is not None and f % 256 == 0:
             progress(max(t - steps[0], 0), steps[1] - steps[0])
     rows.advance(steps[1])
+    if progress is not None:
+        progress(steps[1] - steps[0], steps[1] - steps[0])
     return OwnerPixels(cell_edges, step_edges, rows.occupied, rows.shared, rows.label)
 
 
@@ -99,12 +101,12 @@ class _Rows:
     summed over steps lazily: an entry adds its count times the steps it held it only when
     it changes or its row ends (O(changes), not O(steps * columns * ids))."""
 
-    def __init__(self, cell_edges, step_edges, max_seqs: int, seq_groups: np.ndarray):
+    def __init__(self, cell_edges, step_edges, n_ids: int, seq_groups: np.ndarray):
         n_cols, n_rows = len(cell_edges) - 1, len(step_edges) - 1
         self.cell_edges, self.step_edges, self.seq_groups = cell_edges, step_edges, seq_groups
         self.occupied, self.shared = np.zeros((n_rows, n_cols)), np.zeros((n_rows, n_cols))
         self.label = np.full((n_rows, n_cols), FREE, dtype=np.int64)
-        self.now = np.zeros((n_cols + 1, max_seqs + 1), dtype=np.int64)  # column x id (, shared)
+        self.now = np.zeros((n_cols + 1, n_ids + 1), dtype=np.int64)  # column x slot (, shared)
         self.summed = np.zeros_like(self.now)  # cell-steps so far in the current row
         self.since = np.full(self.now.shape, step_edges[0], dtype=np.int64)
         self.retired: list[tuple[int, np.ndarray]] = []  # (group, counts) of ids rebound
@@ -172,12 +174,13 @@ def table_pixels(
     `seq_groups` [max_seqs] each id's group, over cells [cells[0], cells[1])."""
     cell_edges = edges(*cells, cell_bin)
     inside = np.arange(cells[0], min(cells[1], len(codes)))
-    slot = codes[inside].astype(np.int64)
-    slot = np.where(slot == SHARED, len(seq_groups), slot)
-    summed = np.zeros((len(cell_edges) - 1, len(seq_groups) + 1), dtype=np.int64)
+    code = codes[inside].astype(np.int64)
+    ids = np.unique(code[code >= 0])  # a count per id present, not per max_seqs
+    slot = np.where(code >= 0, np.searchsorted(ids, code), np.where(code == SHARED, len(ids), -1))
+    summed = np.zeros((len(cell_edges) - 1, len(ids) + 1), dtype=np.int64)
     held = slot >= 0
     np.add.at(summed, ((inside[held] - cells[0]) // cell_bin, slot[held]), 1)
-    occupied, shared, label = _row(summed, seq_groups, [], np.diff(cell_edges))
+    occupied, shared, label = _row(summed, seq_groups[ids], [], np.diff(cell_edges))
     return OwnerPixels(cell_edges, np.array([0, 1]), occupied[None], shared[None], label[None])
 
 

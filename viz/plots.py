@@ -13,18 +13,18 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from numbakv.snapshot import Snapshot
+from numbakv.snapshot import FREE, Snapshot
 from numbakv.trace import Trace
 
 from .layout import (
     axes_pixels,
     bin_size,
     binned_note,
+    need_steps,
     new_figure,
     owner_legend,
     shade,
     span,
-    steps_of,
 )
 from .owners import (
     MARK_COLOUR,
@@ -60,7 +60,7 @@ def plot_cells(
     """
     fig = new_figure(fig, (10, 6), dpi)
     if isinstance(source, Trace):
-        frame = source.step_frames[range(steps_of(source))[step]]
+        frame = source.step_frames[_step(source, step)]
         snap, owners = source.snapshot(frame), owners or owners_of(source, by)
         groups = owners.seq_groups[frame]
     else:
@@ -69,14 +69,13 @@ def plot_cells(
     n = max(snap.rows, snap.read_len, 1)
     lo, hi = span(cells, n, "cells")
     ax = fig.subplots()
-    owner_legend(ax, owners, mixed=True)  # its room, before measuring the picture's
-    width, height = axes_pixels(ax)
-    block = bin_size(hi - lo, width * height / 4, bin, "bin")  # at least 2 x 2 pixels a block
+    width, height = _room(ax, owners)
+    cols_max, rows_max = max(int(width // 2), 1), max(int(height // 2), 1)  # >= 2 x 2 px each
+    block = bin_size(hi - lo, cols_max * rows_max, bin, "bin")
     pixels = table_pixels(snap.codes, groups, (lo, hi), block)
     n_blocks = len(pixels.label[0])
-    if columns is None:
-        columns = 2 ** round(np.log2(np.sqrt(2 * n_blocks)))
-    columns = max(1, min(int(columns), n_blocks))
+    columns = grid_columns(n_blocks, cols_max, rows_max) if columns is None else int(columns)
+    columns = max(1, min(columns, n_blocks))
     grid_rows = -(-n_blocks // columns)
     rgb = np.ones((grid_rows * columns, 3))
     rgb[:n_blocks] = shade(owners, pixels)[0]
@@ -86,8 +85,10 @@ def plot_cells(
     ax.imshow(rgb.reshape(grid_rows, columns, 3), interpolation="nearest")
     if lo <= snap.read_len <= hi:
         row, col = divmod(int(np.searchsorted(pixels.cell_edges, snap.read_len)), columns)
+        if row == grid_rows:  # read_len ends the grid's last line: the bar closes it
+            row, col = row - 1, columns
         ax.plot([col - 0.5, col - 0.5], [row - 0.5, row + 0.5], color=READ_LEN_COLOUR, lw=3)
-    used = int(np.count_nonzero(snap.codes >= 0) + np.count_nonzero(snap.codes < -1))
+    used = int(np.count_nonzero(snap.codes != FREE))
     ax.set_title(
         f"{snap.read_len} read_len, {used} used, {snap.rows} rows allocated of "
         f"{snap.capacity} capacity{binned_note(block)}",
@@ -99,6 +100,27 @@ def plot_cells(
     owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
     fig.numbakv = {"pixels": pixels, "owners": owners, "columns": columns, "snapshot": snap}
     return fig
+
+
+def grid_columns(n_blocks: int, cols_max: int, rows_max: int) -> int:
+    """Blocks per grid line: a power of two near the shape of the room (cols_max x rows_max
+    places), so the grid fills it without a line or column past it."""
+    ideal = np.sqrt(n_blocks * cols_max / rows_max)
+    columns = 2 ** round(np.log2(max(ideal, 1.0)))
+    least = -(-n_blocks // rows_max)  # fewer would need more lines than there is room for
+    if not least <= columns <= cols_max:
+        columns = max(least, min(cols_max, round(ideal)))
+    return columns
+
+
+def _room(ax, owners: Owners) -> tuple[float, float]:
+    """The pixels an image in `ax` gets once a one-line title, axis labels and the owners'
+    legend are in place: measured with stand-ins, the real ones set after the picture."""
+    ax.set_title("read_len", fontsize="medium")
+    ax.set_xlabel("cell")
+    ax.set_ylabel("cell")
+    owner_legend(ax, owners, mixed=True)
+    return axes_pixels(ax)
 
 
 def plot_timeline(
@@ -118,17 +140,18 @@ def plot_timeline(
     """Steps down, cells across, colour = owner: holes opening and refilling over time.
 
     Each pixel aggregates `bin` cells by `step_bin` steps (default: what fits the picture);
-    the red line is read_len (its largest in each row of steps), ticks at the right edge
-    mark the trace's annotations, a dashed line `mark_step`. `progress(done, total)` hears
-    the steps replayed (`numbakv.viz.progress.Progress`).
+    the red line is each step's read_len, ticks at the right edge mark the trace's
+    annotations (those after the last step at its lower edge), a dashed line `mark_step`.
+    `progress(done, total)` hears the steps replayed (`numbakv.viz.progress.Progress`).
     """
     fig = new_figure(fig, (10, 6), dpi)
     owners = owners or owners_of(trace, by)
     n_cells = max(int(trace.arrays["read_len"].max(initial=0)), 1)
-    (c0, c1), (s0, s1) = span(cells, n_cells, "cells"), span(steps, steps_of(trace), "steps")
+    (c0, c1), (s0, s1) = span(cells, n_cells, "cells"), span(steps, need_steps(trace), "steps")
     ax = fig.subplots()
-    owner_legend(ax, owners, mixed=True)  # its room, before measuring the picture's
-    width, height = axes_pixels(ax)
+    ax.set_xlim(c0 - 0.5, c1 - 0.5)  # its tick labels take their room before measuring
+    ax.set_ylim(s1 - 0.5, s0 - 0.5)
+    width, height = _room(ax, owners)
     cell_bin = bin_size(c1 - c0, width, bin, "bin")
     step_bin = bin_size(s1 - s0, height, step_bin, "step_bin")
     pixels = owner_pixels(trace, owners, (c0, c1), (s0, s1), cell_bin, step_bin, progress)
@@ -162,6 +185,15 @@ def plot_mask(
     ax = fig.subplots()
     ax.set_xlabel("cell")
     ax.set_ylabel("token (seq@position)")
+    ax.set_title("mask", fontsize="medium")  # the labels' and title's room, then measure
+    ax.set_xlim(lo - 0.5, hi - 0.5)
+    ax.set_ylim(step.width - 0.5, -0.5)
+    if step.width <= 64:
+        labels = [
+            f"{s}@{p}" if s >= 0 else "pad"
+            for s, p in zip(step.seq_ids.tolist(), step.positions.tolist(), strict=True)
+        ]
+        ax.set_yticks(range(step.width), labels, fontsize="x-small")
     width, height = axes_pixels(ax)
     cell_bin = bin_size(hi - lo, width, bin, "bin")
     token_bin = bin_size(step.width, height, None, "token bin")
@@ -172,12 +204,6 @@ def plot_mask(
     ax.imshow(
         np.repeat(grey[..., None], 3, axis=2), interpolation="nearest", aspect="auto", extent=extent
     )
-    if step.width <= 64 and token_bin == 1:
-        labels = [
-            f"{s}@{p}" if s >= 0 else "pad"
-            for s, p in zip(step.seq_ids.tolist(), step.positions.tolist(), strict=True)
-        ]
-        ax.set_yticks(range(step.width), labels, fontsize="x-small")
     ax.set_xlim(lo - 0.5, hi - 0.5)
     ax.set_ylim(step.width - 0.5, -0.5)
     kind = "global" if window == 0 else "sliding"
@@ -200,27 +226,53 @@ def plot_all(
     bin=None,
     by=None,
     dpi: float = 100,
+    progress=None,
 ) -> Figure:
     """The pictures of a trace in one figure, for recorded step number `step`: the pool,
-    the mask, the timeline, the metrics and each sequence's locality, in one colouring."""
+    the mask, the timeline, the metrics and each sequence's locality, in one colouring.
+    `fig.numbakv` maps each picture's name to its data."""
     fig = Figure(figsize=(20, 16), dpi=dpi, layout="constrained")
     top, middle, bottom = fig.subfigures(3, 1, height_ratios=(1, 1, 0.8))
     (cells_fig, mask_fig), (timeline_fig, metrics_fig) = (
         top.subfigures(1, 2),
         middle.subfigures(1, 2),
     )
-    step = range(steps_of(trace))[step]
+    step = _step(trace, step)
     owners = owners_of(trace, by)
     window = trace.config.distinct_windows[0] if window is None else window
     keep = {"cells": cells, "bin": bin}
     plot_cells(trace, step, fig=cells_fig, owners=owners, dpi=dpi, **keep)
     plot_mask(trace.step(trace.step_frames[step]), window, fig=mask_fig, dpi=dpi, **keep)
     plot_timeline(
-        trace, steps=steps, mark_step=step, fig=timeline_fig, owners=owners, dpi=dpi, **keep
+        trace,
+        steps=steps,
+        mark_step=step,
+        fig=timeline_fig,
+        owners=owners,
+        dpi=dpi,
+        progress=progress,
+        **keep,
     )
-    plot_metrics(trace, steps=steps, mark_step=step, fig=metrics_fig, dpi=dpi)
     plot_locality(trace, steps=steps, mark_step=step, fig=bottom, dpi=dpi)
+    # last: it measures nothing, and its many points would slow each measuring layout
+    plot_metrics(trace, steps=steps, mark_step=step, fig=metrics_fig, dpi=dpi)
+    parts = {
+        "cells": cells_fig,
+        "mask": mask_fig,
+        "timeline": timeline_fig,
+        "metrics": metrics_fig,
+        "locality": bottom,
+    }
+    fig.numbakv = {name: part.numbakv for name, part in parts.items()}
     return fig
+
+
+def _step(trace: Trace, step: int) -> int:
+    """Recorded step number `step` (negative counts from the end); ValueError naming it."""
+    n_steps = need_steps(trace)
+    if not -n_steps <= step < n_steps:
+        raise ValueError(f"step={step} is outside the trace's {n_steps} recorded steps")
+    return step % n_steps
 
 
 def _full(edges: np.ndarray, size: int) -> tuple[float, float]:

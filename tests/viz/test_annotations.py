@@ -17,7 +17,7 @@ from numbakv.reference import CellCache
 from numbakv.trace import Annotation, Recorder, Trace, load_trace
 from numbakv.trace_file import STEP_EVENT
 
-from helpers import churn, small_config, step_with
+from helpers import churn, npy, small_config, step_with
 
 
 def assert_same_trace(got: Trace, expect: Trace) -> None:
@@ -53,8 +53,11 @@ def test_annotations_round_trip_through_the_file(tmp_path):
         4, 1, "fork", {"request": 0, "seqs": [1], "source": 0}
     )
     assert expect.annotations[3].data == {
-        "share": 0.25, "flag": True, "note": None, "mixed": [1, 2.5, "x", None]
-    }  # fmt: skip
+        "share": 0.25,
+        "flag": True,
+        "note": None,
+        "mixed": [1, 2.5, "x", None],
+    }
     assert expect.annotation_counts() == {"admit": 1, "fork": 1, "finish": 1, "my_event": 1}
     path = tmp_path / "annotated.npz"
     recorder.save(path)
@@ -151,7 +154,6 @@ BAD_DATA = [
     dict(x=[1, math.inf]),
     dict(x=2**63),
     dict(x=-(2**63) - 1),
-    dict(x=np.int64(1)),
     dict(x=np.arange(3)),
     dict(x=object()),
     dict(x=b"bytes"),
@@ -238,17 +240,6 @@ def write_zip(path, members: dict[str, bytes]):
     return path
 
 
-def npy(array, **header) -> bytes:
-    out = io.BytesIO()
-    if header:
-        fields = np.lib.format.header_data_from_array_1_0(array) | header
-        np.lib.format.write_array_header_1_0(out, fields)
-        out.write(array.tobytes())
-    else:
-        np.save(out, array)
-    return out.getvalue()
-
-
 def with_members(path, tmp_path, **members) -> Path:
     """A copy of the file at `path` with members replaced (bytes) or dropped (None)."""
     found = members_of(path)
@@ -268,9 +259,11 @@ def header_of(format_: str, path) -> bytes:
 def test_a_format_1_file_loads_with_no_annotations(annotated_file, tmp_path):
     expect = load_trace(annotated_file)
     old = with_members(
-        annotated_file, tmp_path, header=header_of("numbakv-trace/1", annotated_file),
+        annotated_file,
+        tmp_path,
+        header=header_of("numbakv-trace/1", annotated_file),
         annotations=None,
-    )  # fmt: skip
+    )
     got = load_trace(old)
     assert got.annotations == () and got.annotation_counts() == {}
     assert got.arrays.keys() == expect.arrays.keys()
@@ -385,3 +378,17 @@ def test_churned_traces_round_trip_with_annotations(tmp_path):
     got, expect = load_trace(path), recorder.trace()
     assert_same_trace(got, expect)
     assert [a.data["i"] for a in got.annotations] == list(range(20))
+
+
+def test_numpy_scalars_are_the_python_values_they_hold():
+    cache = CellCache(small_config())
+    recorder = Recorder(cache)
+    recorder.annotate(
+        "admit", request=np.int64(3), seqs=[np.int32(0)], hit=np.True_, share=np.float32(0.5)
+    )
+    [note] = recorder.trace().annotations
+    assert note.data == {"request": 3, "seqs": [0], "hit": True, "share": 0.5}
+    assert type(note.data["request"]) is int and type(note.data["hit"]) is bool
+    with pytest.raises(ConfigError, match="share=nan is not JSON-safe"):
+        recorder.annotate("admit", share=np.float32("nan"))
+    assert len(recorder.trace().annotations) == 1

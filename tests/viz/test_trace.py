@@ -1,6 +1,5 @@
 """Recording: the observer hook, frames that replay exactly, and the .npz trace file."""
 
-import io
 import re
 import time
 import tracemalloc
@@ -15,7 +14,7 @@ from numbakv.errors import SequenceError, TraceError
 from numbakv.reference import CellCache
 from numbakv.trace import Recorder, Trace, load_trace
 
-from helpers import Snapshots, churn, small_config, step_with
+from helpers import Snapshots, churn, npy, small_config, step_with
 
 
 @pytest.mark.parametrize("every_verb", [False, True])
@@ -220,18 +219,6 @@ def test_bad_config_in_header(trace_file, tmp_path):
 def members_of(path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as archive:
         return {name: archive.read(name) for name in archive.namelist()}
-
-
-def npy(array, **header) -> bytes:
-    """The .npy bytes of `array` (allow_pickle on); `header` overrides its header fields."""
-    out = io.BytesIO()
-    if header:
-        fields = np.lib.format.header_data_from_array_1_0(array) | header
-        np.lib.format.write_array_header_1_0(out, fields)
-        out.write(array.tobytes())
-    else:
-        np.save(out, array, allow_pickle=True)
-    return out.getvalue()
 
 
 def write_zip(path, members: dict[str, bytes], compression=zipfile.ZIP_DEFLATED):

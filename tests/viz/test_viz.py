@@ -151,7 +151,7 @@ def test_plot_cells_zooms(annotated):
     snap = annotated.snapshot(-1)
     np.testing.assert_array_equal(pixels.cell_edges, np.arange(4, 21))
     np.testing.assert_array_equal(pixels.occupied[0], snap.codes[4:20] != FREE)
-    with pytest.raises(ValueError, match=r"cells=\(99, 120\) is empty or outside"):
+    with pytest.raises(ValueError, match=r"cells 99:120 is empty or outside the picture's 48"):
         plot_cells(annotated, cells=(99, 120))
 
 
@@ -240,7 +240,108 @@ def test_plot_mask_is_the_mask_binned():
         assert labels == ["1@3", "0@4", "0@5", "pad", "pad"]
 
 
-def test_plot_all_has_every_picture(annotated):
-    fig = plot_all(annotated, step=3)
+def test_the_timeline_marks_each_annotation_at_its_step(annotated):
+    trace = annotated
+    fig = plot_timeline(trace, steps=(0, 12))
+    marks = [c.get_offsets()[:, 1].tolist() for c in fig.axes[0].collections]
+    want = [
+        [a.step for a in trace.annotations if a.kind == kind and a.step < 12]
+        for kind in ("admit", "fork", "finish", "my_event")
+    ]
+    assert marks == want and marks[0] == [0, 2]
+
+
+def test_plot_all_has_every_picture_in_one_colouring(annotated):
+    seen = []
+    fig = plot_all(annotated, step=3, progress=lambda done, total: seen.append((done, total)))
     assert sum(len(ax.images) for ax in fig.get_axes()) == 4  # cells, mask, timeline, runs
     assert len(fig.get_axes()) == 11  # + 5 metrics axes, the runs' lines and colour bar
+    data = fig.numbakv
+    assert list(data) == ["cells", "mask", "timeline", "metrics", "locality"]
+    assert data["cells"]["owners"] is data["timeline"]["owners"]
+    step = annotated.step(annotated.step_frames[3])
+    np.testing.assert_array_equal(data["mask"]["pixels"].attended.sum(), step.mask(0).sum())
+    n_steps = len(annotated.step_frames)
+    assert seen[-1] == (n_steps, n_steps) and all(total == n_steps for _, total in seen)
+
+
+@pytest.mark.parametrize("every_verb", [False, True])
+def test_owner_totals_are_the_cell_steps_each_group_holds(every_verb):
+    cache = CellCache(small_config(max_seqs=70, capacity=60, initial_cells=4))
+    recorder = Recorder(cache, every_verb=every_verb)
+    rng = np.random.default_rng(3)
+    for request, op in enumerate(rng.integers(0, 60, 150).tolist()):
+        before = set(cache.live_seqs)
+        churn(cache, [op])
+        for seq in set(cache.live_seqs) - before:  # ids come back for other requests
+            recorder.annotate("admit", request=request % 12, seqs=[seq])
+    trace = recorder.trace()
+    timeline = trace.timeline()
+    for by in ("request", "seq"):
+        owners = owners_of(trace, by)
+        expect = np.zeros(len(owners.labels), dtype=np.int64)
+        for k, frame in enumerate(trace.step_frames):
+            alone = timeline[k][timeline[k] >= 0]
+            np.add.at(expect, owners.seq_groups[frame, alone], 1)
+        np.testing.assert_array_equal(owners.totals, expect)
+        ranked = sorted(np.flatnonzero(expect).tolist(), key=lambda g: (-expect[g], g))
+        assert list(owners.shown) == ranked[: len(PALETTE)]
+
+
+def test_what_colours_stand_for_is_said_truly(annotated):
+    plain = CellCache(small_config(max_seqs=20, capacity=64, initial_cells=64, max_width=64))
+    recorder = Recorder(plain)
+    seqs = [plain.seq_new() for _ in range(12)]
+    step_with(plain, seqs)
+    asked = owners_of(recorder.trace(), "request")  # no bindings: every owner a sequence
+    assert asked.title == "12 sequences; the 9 largest shown" and asked.noun == "sequences"
+    owners = owners_of(annotated)
+    requests, seqs = owners.counts
+    assert requests == 2 and seqs > 0  # churn's sequences were never bound
+    assert owners.noun == "owners" and owners.title.startswith("by request")
+
+
+def test_bindings_of_ids_past_max_seqs_bind_nothing():
+    cache = CellCache(small_config())
+    recorder = Recorder(cache)
+    seq = cache.seq_new()
+    recorder.annotate("admit", request=0, seq=99)
+    recorder.annotate("admit", request=1, seqs=[2**40, seq])
+    step_with(cache, [seq, seq])
+    trace = recorder.trace()
+    np.testing.assert_array_equal(trace.seq_bindings(), [[0, seq, 1]])
+    assert plot_all(trace).numbakv["cells"]["owners"].labels[-1] == "request 1"
+
+
+def test_a_trace_without_steps_says_so():
+    trace = Recorder(CellCache(small_config())).trace()
+    for draw in (plot_cells, plot_timeline, plot_metrics, plot_locality, plot_all):
+        with pytest.raises(ValueError, match="the trace records no step, so there is nothing"):
+            draw(trace)
+
+
+def test_read_len_closing_the_grid_is_drawn_on_its_last_line():
+    cache = CellCache(small_config(capacity=16, initial_cells=16, max_width=16))
+    recorder = Recorder(cache)
+    step_with(cache, [cache.seq_new()] * 16)  # read_len 16 = rows: the grid's end
+    fig = plot_cells(recorder.trace(), columns=4)
+    [bar] = [line for line in fig.axes[0].get_lines() if line.get_color() == "#D00000"]
+    np.testing.assert_array_equal(bar.get_xdata(), [3.5, 3.5])
+    np.testing.assert_array_equal(bar.get_ydata(), [2.5, 3.5])
+
+
+def test_annotations_after_the_last_step_are_drawn_and_counted(annotated):
+    cache = CellCache(small_config())
+    recorder = Recorder(cache)
+    seq = cache.seq_new()
+    step_with(cache, [seq])
+    recorder.annotate("finish", request=0, seq=seq)  # after the last step: step 1 of 1
+    trace = recorder.trace()
+    fig = plot_metrics(trace)
+    assert fig.numbakv["counts"] == {"finish": 1}
+    assert fig.axes[0].get_xlim()[1] > 1  # the axis reaches what followed the last step
+    timeline = plot_timeline(trace)
+    assert timeline.axes[0].collections[0].get_offsets()[:, 1].tolist() == [0.5]
+    zoomed = plot_metrics(annotated, steps=(0, 2))
+    ticks = [t.get_text() for t in zoomed.axes[3].get_yticklabels()]
+    assert ticks[:2] == ["admit (1 of 2)", "fork (1)"]

@@ -4,6 +4,7 @@ the command line's zoom keywords draw the same data as the Python plots."""
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from matplotlib.image import imread
 from PIL import Image
 
@@ -11,9 +12,18 @@ from numbakv.cli import main
 from numbakv.reference import CacheConfig, CellCache
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Recorder, TraceStep
-from numbakv.viz import owner_pixels, owners_of, plot_cells, plot_mask, plot_timeline, save_movie
+from numbakv.viz import (
+    owner_pixels,
+    owners_of,
+    plot_all,
+    plot_cells,
+    plot_locality,
+    plot_mask,
+    plot_timeline,
+    save_movie,
+)
 
-from helpers import benchmark_module, churn, small_config
+from helpers import benchmark_module, churn, small_config, step_with
 
 N_CELLS = 65536
 
@@ -147,6 +157,7 @@ def small_trace_path(tmp_path_factory):
 )
 def test_cli_new_kinds_and_zoom(small_trace_path, tmp_path, kind, out, capsys):
     out = tmp_path / out
+    zoom = ["--cells", "8:", "--bin", "2", "--by", "seq"] if kind != "locality" else []
     argv = [
         "viz",
         str(small_trace_path),
@@ -156,14 +167,9 @@ def test_cli_new_kinds_and_zoom(small_trace_path, tmp_path, kind, out, capsys):
         str(out),
         "--steps",
         "5:30",
-        "--cells",
-        "8:",
-        "--bin",
-        "2",
         "--dpi",
         "60",
-        "--by",
-        "seq",
+        *zoom,
     ]
     assert main(argv) == 0
     assert out.stat().st_size > 1000 and f"wrote {out}" in capsys.readouterr().out
@@ -204,7 +210,12 @@ def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
     [
         (["--cells", "9:3"], "argument --cells: '9:3' is empty; give A:B with A < B"),
         (["--cells", "x"], "argument --cells: 'x' is not a range"),
-        (["--steps", "999:"], "argument --steps: 999: is past the trace's 38 steps"),
+        (["--steps", "999:"], "argument --steps: steps 999: is empty or outside the picture's 38"),
+        (["--kind", "timeline", "--cells", "500:"], "--cells: cells 500: is empty or outside"),
+        (["--kind", "mask", "--cells", ":0"], "argument --cells: ':0' is empty"),
+        (["--kind", "cells", "--steps", "1:3"], "--kind cells has no steps to zoom"),
+        (["--kind", "metrics", "--bin", "3"], "--kind metrics has no bin to zoom"),
+        (["--dpi", "100000"], "more than 600 dots per inch"),
         (["--bin", "0"], "argument --bin"),
         (["--kind", "movie"], "a movie is written as .gif"),
     ],
@@ -215,3 +226,77 @@ def test_cli_refuses_bad_zoom(small_trace_path, tmp_path, args, message, capsys)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_progress_is_one_line_and_quiet_work_stays_quiet():
+    import io
+
+    from numbakv.viz.progress import Progress
+
+    stream = io.StringIO()
+    quiet = Progress("drawing", stream=stream)  # shows only past a second
+    quiet(5, 10)
+    quiet.close()
+    assert stream.getvalue() == ""
+    loud = Progress("drawing timeline", after=0.0, stream=stream)
+    loud.shown -= 1  # as if the last line were a second old
+    loud(3, 10)
+    loud(4, 10)  # too soon after the last: not written
+    loud(10, 10)  # the end always is
+    loud.close()
+    assert stream.getvalue() == "\rdrawing timeline: 3/10 steps\rdrawing timeline: 10/10 steps\n"
+
+
+def drawn_images(fig) -> list:
+    """(data rows, data cols, screen rows, screen cols) of every image of `fig`, saved."""
+    import io
+
+    fig.savefig(io.BytesIO(), format="png")  # lays the figure out at its own dpi
+    out = []
+    for ax in fig.get_axes():
+        for image in ax.images:
+            box = image.get_window_extent().intersection(image.get_window_extent(), ax.bbox)
+            rows, cols = image.get_array().shape[:2]
+            out.append((rows, cols, box.height, box.width))
+    return out
+
+
+@pytest.fixture(scope="module")
+def many_steps():
+    """2 000 one-token steps: more steps than any picture has pixels."""
+    cache = CellCache(small_config(max_seqs=4, capacity=64, initial_cells=64, max_width=4))
+    recorder = Recorder(cache)
+    seqs = [cache.seq_new() for _ in range(3)]
+    for i in range(2000):
+        seq = seqs[i % 3]
+        if cache.pos(seq) == 20:
+            cache.rewind(seq, 0)
+        step_with(cache, [seq])
+    return recorder.trace()
+
+
+@pytest.mark.parametrize("which", ["large_trace", "many_steps"])
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda t: plot_timeline(t),
+        lambda t: plot_timeline(t, dpi=40),
+        lambda t: plot_timeline(t, fig=Figure(figsize=(4, 3), layout="constrained")),
+        lambda t: plot_cells(t, dpi=40),
+        lambda t: plot_cells(t, fig=Figure(figsize=(6, 20), dpi=40, layout="constrained")),
+        lambda t: plot_mask(t.step(t.step_frames[-1]), 0, dpi=50),
+        lambda t: plot_locality(t, dpi=30),
+        lambda t: plot_locality(t, fig=Figure(figsize=(6, 3), layout="constrained")),
+        lambda t: plot_all(t, dpi=25),
+    ],
+)
+def test_no_picture_has_more_pixels_than_the_screen(request, which, draw):
+    images = drawn_images(draw(request.getfixturevalue(which)))
+    assert images
+    for rows, cols, screen_rows, screen_cols in images:
+        assert rows <= screen_rows + 1 and cols <= screen_cols + 1, (
+            rows,
+            cols,
+            screen_rows,
+            screen_cols,
+        )
