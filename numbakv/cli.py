@@ -129,7 +129,8 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def _fail(parser: argparse.ArgumentParser, message: str) -> int:
+def fail(parser: argparse.ArgumentParser, message: str) -> int:
+    """Prints `message` as the command's one-line failure on stderr; returns exit status 1."""
     print(f"{parser.prog}: {_one_line(message)}", file=sys.stderr)
     return 1
 
@@ -142,11 +143,11 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         demo.run(seed=args.seed, columns=args.columns, trace_path=trace)
     except LockstepError as error:
-        return _fail(parser, f"the device path disagrees with the reference: {error}")
+        return fail(parser, f"the device path disagrees with the reference: {error}")
     except OSError as error:
         if trace is None:
             raise
-        return _fail(parser, f"cannot write the trace {trace} ({error.strerror or error}); {CHECK}")
+        return fail(parser, f"cannot write the trace {trace} ({error.strerror or error}); {CHECK}")
     return 0
 
 

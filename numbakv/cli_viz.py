@@ -5,11 +5,12 @@ import re
 import shutil
 from pathlib import Path
 
-from numbakv.cli import CHECK, _fail, int_at_least, new_file, trace_input
+from numbakv.cli import CHECK, fail, int_at_least, new_file, trace_input
 
 KINDS = ("all", "cells", "timeline", "metrics", "mask", "locality", "movie")
 ONE_STEP = ("cells", "mask")  # pictures of the step --step names: --steps does not apply
 NO_CELLS = ("metrics", "locality")  # pictures of figures per step: --cells and --bin do not
+NO_OWNERS = ("mask", "metrics", "locality")  # pictures without owners' colours: no --by
 
 
 def add_viz(commands) -> None:
@@ -87,25 +88,27 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from numbakv.errors import TraceError
     from numbakv.trace import load_trace
 
-    if problem := _check_output(args.output, args.kind):
-        parser.error(f"argument -o/--output: {problem}")
     for option, value, kinds in (
         ("--steps", args.steps, ONE_STEP),
         ("--cells", args.cells, NO_CELLS),
         ("--bin", args.bin, NO_CELLS),
+        ("--by", args.by, NO_OWNERS),
+        ("--step", args.step, ("movie",)),
     ):
         if value is not None and args.kind in kinds:
             parser.error(
-                f"argument {option}: --kind {args.kind} has no {option[2:]} to zoom; "
-                f"drop it, or draw another --kind"
+                f"argument {option}: it does not apply to --kind {args.kind}; drop it, or "
+                f"draw another --kind"
             )
+    if problem := _check_output(args.output, args.kind):
+        parser.error(f"argument -o/--output: {problem}")
     try:
         trace = load_trace(args.trace)
     except TraceError as error:
-        return _fail(parser, str(error))
+        return fail(parser, str(error))
     n_steps = len(trace.step_frames)
     if n_steps == 0:
-        return _fail(parser, f"{args.trace} records no step, so there is nothing to draw")
+        return fail(parser, f"{args.trace} records no step, so there is nothing to draw")
     step = n_steps - 1 if args.step is None else args.step
     if not -n_steps <= step < n_steps:
         parser.error(
@@ -123,7 +126,7 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ZoomError as error:  # a range past what this picture of this trace shows
         parser.error(f"argument --{error.what}: {error}")
     except OSError as error:
-        return _fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
+        return fail(parser, f"cannot write {args.output} ({error.strerror or error}); {CHECK}")
 
 
 def _draw(args, trace, step: int, window: int) -> int:

@@ -47,10 +47,10 @@ class TraceStep:
     def read_len(self) -> int:
         return self.snapshot.read_len
 
-    def mask(self, window: int) -> np.ndarray:
-        """[width, read_len] uint8, recomputed by the mask rule from the recorded table."""
-        snap = self.snapshot
-        return window_mask(snap.pos, snap.owners, self.seq_ids, self.positions, window)
+    def mask(self, window: int, tokens: slice = slice(None)) -> np.ndarray:
+        """[width, read_len] uint8 (the rows of `tokens`), by the mask rule from the table."""
+        snap, seqs, positions = self.snapshot, self.seq_ids[tokens], self.positions[tokens]
+        return window_mask(snap.pos, snap.owners, seqs, positions, window)
 
 
 @dataclass(frozen=True)
@@ -234,15 +234,15 @@ class Trace:
         """[len(frames), max read_len] int32: owner code of each cell at each frame.
 
         A cell's code is its owner's id, FREE (-1) or SHARED (-2) (`numbakv.snapshot`);
-        cells past a frame's read_len are FREE. Default frames: the step frames.
+        cells past a frame's read_len are FREE. Default frames: the step frames; negative
+        frames count from the end, and one past the end is an IndexError.
         """
         frames = self.step_frames if frames is None else np.asarray(frames, dtype=np.int64)
+        frames = np.array([range(self.n_frames)[f] for f in frames.tolist()], dtype=np.int64)
         n_cells = int(self.arrays["read_len"].max(initial=0))
         out = np.full((len(frames), n_cells), FREE, dtype=np.int32)
-        rows = {int(f): i for i, f in enumerate(frames)}
         for f, codes, _ in replay_codes(self.arrays, n_cells):
-            if f in rows:
-                out[rows[f]] = codes
+            out[frames == f] = codes  # each row asking for frame f, repeats included
         return out
 
     def save(self, path) -> None:

@@ -38,7 +38,7 @@ def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
     history = _History(a)
     _check_changes(config, a, history)
     _check_extent(a, history)
-    _check_owners_live(config, a, history)
+    _check_owners_live(a, history)
     _check_steps(config, a, history)
 
 
@@ -178,7 +178,7 @@ def _check_extent(a: dict[str, np.ndarray], h: _History) -> None:
         )
 
 
-def _check_owners_live(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
+def _check_owners_live(a: dict[str, np.ndarray], h: _History) -> None:
     """Every owner of a cell is live for as long as the cell holds it: no owner of change i
     is dead at any frame of [start[i], end[i])."""
     dead = _dead_during(a["live"], h.start, h.end)  # [n_changes, n_owner_words] uint64

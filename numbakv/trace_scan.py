@@ -77,10 +77,24 @@ def largest_free_run(arrays: dict[str, np.ndarray]) -> np.ndarray:
     out = np.zeros(len(rows), dtype=np.int64)
     free = np.ones(n_cells + 2, dtype=np.int8)  # free[c + 1]: cell c; a used sentinel first
     free[0] = 0
+    best = (0, 0)  # [start, end) of a longest run, as free[] indices
     for f, codes, changed in replay_codes(arrays, n_cells):
+        was = free[changed + 1].copy()
         free[changed + 1] = codes[changed] == FREE
-        edges = np.flatnonzero(np.diff(free[: rows[f] + 1], append=0))
-        out[f] = int((edges[1::2] - edges[::2]).max(initial=0))
+        taken = changed[(was == 1) & (free[changed + 1] == 0)] + 1
+        grew = f > 0 and rows[f] > rows[f - 1]
+        # the longest run only shrinks when a cell of it is taken, only grows when a cell
+        # is freed or the pool grows: otherwise it stands, and the scan is skipped
+        if (
+            grew
+            or (free[changed + 1] > was).any()
+            or ((taken >= best[0]) & (taken < best[1])).any()
+        ):
+            edges = np.flatnonzero(np.diff(free[: rows[f] + 1], append=0))
+            lengths = edges[1::2] - edges[::2]
+            i = int(lengths.argmax()) if len(lengths) else 0
+            best = (int(edges[2 * i]), int(edges[2 * i + 1])) if len(lengths) else (0, 0)
+        out[f] = best[1] - best[0]
     return out
 
 

@@ -61,6 +61,7 @@ class CellCache(Observable):
         self._declared: np.ndarray | None = None  # the pending declaration
         self._step: Step | None = None  # the last prepared step, until it goes stale
         self._written: set[int] = set()  # layers written in that step
+        self._seq_cells: tuple = (None, {})  # (step, its sequences' cells in position order)
 
     # -- table verbs (SPEC §2) -------------------------------------------------
 
@@ -203,7 +204,10 @@ class CellCache(Observable):
         if mode == "masked":
             return attend_cells(q, k, v, step.mask(window), scale, dtype)
         seq_ids, positions = step.seq_ids, step.positions
-        seq_cells = {seq: self._table.cells_of(seq) for seq in set(seq_ids.tolist()) - {-1}}
+        if self._seq_cells[0] is not step:  # once per step, as the masks: every layer reads it
+            cells = {seq: self._table.cells_of(seq) for seq in set(seq_ids.tolist()) - {-1}}
+            self._seq_cells = step, cells
+        seq_cells = self._seq_cells[1]
         return attend_gathered(q, k, v, seq_cells, seq_ids, positions, window, scale, dtype)
 
     # -- state -----------------------------------------------------------------
@@ -294,3 +298,4 @@ class CellCache(Observable):
             self._step.expire()
         self._step = None
         self._written = set()
+        self._seq_cells = (None, {})

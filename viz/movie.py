@@ -25,7 +25,8 @@ def save_movie(
     dpi: float = 80,
     progress=None,
 ) -> dict:
-    """Writes an animated GIF of the pool (Pillow) to `path`: `frames` pictures, each the
+    """Writes an animated GIF of the pool (Pillow) to `path`: up to `frames` pictures (each
+    an equal share of the steps, the last perhaps shorter), each the
     blocks of `bin` cells (default: what fits) aggregated over its share of the steps.
     Returns the data drawn: {"pixels": OwnerPixels (a row per frame), "columns": int}."""
     if int(fps) < 1 or int(frames) < 1:

@@ -42,7 +42,8 @@ class Owners:
     """The owners of a trace's cells, grouped `by` "request" or "seq".
 
     labels        : group index -> "request 7" or "seq 3"
-    seq_groups    : [n_frames, max_seqs] int64, each sequence id's group at each frame
+    seq_groups    : [n_frames, max_seqs] int32, each sequence id's group at each frame
+                    ([1, max_seqs] for one table's picture)
     totals        : [n_groups] int64, cell-steps each group holds alone over the trace
     shown         : the groups with their own colour, largest first (at most len(PALETTE))
     colours       : [n_groups, 3] float64 RGB: PALETTE for `shown`, OTHER_COLOUR otherwise
@@ -57,7 +58,8 @@ class Owners:
 
     @property
     def counts(self) -> tuple[int, int]:
-        """(requests, sequences never bound to one) that hold a cell at some step."""
+        """(requests, sequences) holding a cell alone at some step: a sequence counts as
+        its own owner for the steps it was bound to no request."""
         held = np.flatnonzero(self.totals)
         requests = sum(self.labels[g].startswith("request") for g in held.tolist())
         return requests, len(held) - requests
@@ -72,14 +74,11 @@ class Owners:
     def title(self) -> str:
         """The legend's title: what colours stand for, and how many are not shown."""
         requests, seqs = self.counts
-        parts = [
-            f"{n} {noun}{'s' * (n > 1)}"
-            for n, noun in ((requests, "request"), (seqs, "sequence"))
-            if n
-        ]
+        kinds = [(n, noun) for n, noun in ((requests, "request"), (seqs, "sequence")) if n]
         if requests + seqs <= len(self.shown):
-            return f"by {'request' if requests else 'sequence'}"
-        return f"{' and '.join(parts)}; the {len(self.shown)} largest shown"
+            return "by " + (" and ".join(noun for _, noun in kinds) or "sequence")
+        counted = " and ".join(f"{n} {noun}{'s' * (n > 1)}" for n, noun in kinds)
+        return f"{counted}; the {len(self.shown)} largest shown"
 
     @property
     def note(self) -> str | None:

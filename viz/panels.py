@@ -83,6 +83,8 @@ def plot_metrics(
     axes = fig.subplots(4, 1, sharex=True, height_ratios=(3, 1.2, 1, 1))
     cells_ax, frag_ax, width_ax, events_ax = axes
     m, x = trace.metrics(), trace.frame_steps
+    shown = np.flatnonzero((x >= s0) & (x <= (s1 if s1 == n_steps else s1 - 1)))
+    m, x = {name: values[shown] for name, values in m.items()}, x[shown]  # the zoom's frames
     colours = {"read_len": READ_LEN_COLOUR}
     for name in ("used", "read_len", "rows", "saved"):
         cells_ax.plot(x, m[name], label=name, drawstyle="steps-post", color=colours.get(name))
@@ -194,7 +196,7 @@ def plot_locality(
     image.set_extent(
         (s0 - 0.5, s0 + binned.shape[1] * step_bin - 0.5, binned.shape[0] * seq_bin - 0.5, -0.5)
     )
-    image.set_clim(np.nanmin(binned, initial=1), max(np.nanmax(binned, initial=1), 1))
+    image.set_clim(1, max(np.nanmax(binned, initial=1), 1))  # a sequence holding cells: >= 1 run
     map_ax.set_xlim(s0 - 0.5, s1 - 0.5)
     map_ax.set_ylim(runs.shape[1] - 0.5, -0.5)
     map_ax.set_facecolor("#FFFFFF")

@@ -66,8 +66,9 @@ def owner_pixels(
     n_cols = len(cell_edges) - 1
     ids = np.unique(change_codes(trace.arrays))
     ids = ids[ids >= 0]  # only ids that ever hold a cell alone get counts: O(ids used)
-    slot_of = np.full(trace.config.max_seqs + 3, len(ids), dtype=np.int64)  # SHARED: last
-    slot_of[ids], slot_of[FREE] = np.arange(len(ids)), -1
+    slot_of = np.full(trace.config.max_seqs + 2, len(ids), dtype=np.int64)  # codes -> slots:
+    slot_of[ids], slot_of[FREE] = np.arange(len(ids)), -1  # SHARED (-2) and FREE (-1) index
+    # from the end, so the shared slot (len(ids)) and free (-1) need no branch
     groups = owners.seq_groups[:, ids]
     rows = _Rows(cell_edges, step_edges, len(ids), groups)
     column = np.full(max(cells[1], 1), n_cols, dtype=np.int64)  # each cell's column; n_cols: out
@@ -138,8 +139,11 @@ class _Rows:
         this row stay with the group they had."""
         self.summed[:, ids] += self.now[:, ids] * (self.t - self.since[:, ids])
         self.since[:, ids] = self.t
-        self.retired += [(int(self.groups[s]), self.summed[:-1, s].copy()) for s in ids.tolist()
-                         if self.summed[:, s].any()]  # fmt: skip
+        self.retired += [
+            (int(self.groups[s]), self.summed[:-1, s].copy())
+            for s in ids.tolist()
+            if self.summed[:, s].any()
+        ]
         self.summed[:, ids] = 0
         self.groups = self.seq_groups[frame]
 
@@ -147,21 +151,22 @@ class _Rows:
 def _row(
     summed: np.ndarray, seq_groups: np.ndarray, retired: list, area: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(occupied, shared, label) [cols] of one row of pixels from its [cols, max_seqs + 1]
+    """(occupied, shared, label) [cols] of one row of pixels from its [cols, ids + 1]
     cell-step counts per sequence (and shared), the sequences' groups, and counts of
     groups whose ids were rebound during the row."""
-    keys = np.concatenate([seq_groups, [g for g, _ in retired]]).astype(np.int64)
-    counts = np.hstack([summed[:, :-1], *[c[:, None] for _, c in retired]])
-    group_ids, index = np.unique(keys, return_inverse=True)
-    order = np.argsort(index, kind="stable")
-    starts = np.flatnonzero(np.diff(index[order], prepend=-1))
-    by_group = np.add.reduceat(counts[:, order], starts, axis=1)  # [cols, n groups here]
+    if not retired and len(np.unique(seq_groups)) == len(seq_groups):  # a group per id
+        group_ids, by_group = seq_groups.astype(np.int64), summed[:, :-1]
+    else:  # ids of one group (a request's forks, a reused id) summed into its column
+        keys = np.concatenate([seq_groups, [g for g, _ in retired]]).astype(np.int64)
+        counts = np.hstack([summed[:, :-1], *[c[:, None] for _, c in retired]])
+        group_ids, index = np.unique(keys, return_inverse=True)
+        order = np.argsort(index, kind="stable")
+        starts = np.flatnonzero(np.diff(index[order], prepend=-1))
+        by_group = np.add.reduceat(counts[:, order], starts, axis=1)  # [cols, groups here]
     held = np.hstack([by_group, summed[:, -1:]])  # the last: shared cell-steps
     total = held.sum(axis=1)
     best = held.argmax(axis=1)
-    label = np.where(
-        best == len(group_ids), SHARED, group_ids[np.minimum(best, len(group_ids) - 1)]
-    )
+    label = np.append(group_ids, SHARED)[best]
     label[2 * held[np.arange(len(held)), best] <= total] = MIXED
     label[total == 0] = FREE
     return total / area, summed[:, -1] / area, label
@@ -177,9 +182,9 @@ def table_pixels(
     code = codes[inside].astype(np.int64)
     ids = np.unique(code[code >= 0])  # a count per id present, not per max_seqs
     slot = np.where(code >= 0, np.searchsorted(ids, code), np.where(code == SHARED, len(ids), -1))
-    summed = np.zeros((len(cell_edges) - 1, len(ids) + 1), dtype=np.int64)
-    held = slot >= 0
-    np.add.at(summed, ((inside[held] - cells[0]) // cell_bin, slot[held]), 1)
+    held, width = slot >= 0, len(ids) + 1
+    flat = (inside[held] - cells[0]) // cell_bin * width + slot[held]
+    summed = np.bincount(flat, minlength=(len(cell_edges) - 1) * width).reshape(-1, width)
     occupied, shared, label = _row(summed, seq_groups[ids], [], np.diff(cell_edges))
     return OwnerPixels(cell_edges, np.array([0, 1]), occupied[None], shared[None], label[None])
 
@@ -207,25 +212,19 @@ def mask_pixels(
     step, window: int, cells: tuple[int, int], cell_bin: int, token_bin: int = 1
 ) -> MaskPixels:
     """Mask pixels of `step` (a live `Step` or a `TraceStep`) under `window` over cells
-    [cells[0], cells[1]). By the mask rule (SPEC §4) from each sequence's own cells, one
-    pass over the table per distinct sequence: never the [width, read_len] mask."""
+    [cells[0], cells[1]): the step's own mask (SPEC §4), binned. A recorded step's mask
+    is computed a block of tokens at a time, so memory stays O(tokens per block x
+    read_len) however large the pool."""
     token_edges, cell_edges = edges(0, step.width, token_bin), edges(*cells, cell_bin)
     attended = np.zeros((len(token_edges) - 1, len(cell_edges) - 1), dtype=np.int64)
-    if not isinstance(step, TraceStep):  # a live step of either cache: its own mask
-        dense = np.asarray(step.mask(window))[:, cells[0] : cells[1]].astype(np.int64)
-        by_token = np.add.reduceat(dense, token_edges[:-1], axis=0) if dense.size else dense
-        attended[:] = (
-            np.add.reduceat(by_token, cell_edges[:-1] - cells[0], axis=1) if (dense.size) else 0
+    rows = max(1, (1 << 22) // max(step.read_len, 1) // token_bin) * token_bin  # ~4 M a block
+    live = None if isinstance(step, TraceStep) else np.asarray(step.mask(window))
+    for first in range(0, step.width, rows) if cells[1] > cells[0] else ():
+        tokens = slice(first, min(first + rows, step.width))
+        mask = step.mask(window, tokens) if live is None else live[tokens]
+        block = mask[:, cells[0] : cells[1]].astype(np.int64)
+        by_token = np.add.reduceat(block, np.arange(0, len(block), token_bin), axis=0)
+        attended[first // token_bin : first // token_bin + len(by_token)] = np.add.reduceat(
+            by_token, cell_edges[:-1] - cells[0], axis=1
         )
-        return MaskPixels(token_edges, cell_edges, attended)
-    pos, owners = step.snapshot.pos, step.snapshot.owners
-    seq_ids, positions = np.asarray(step.seq_ids), np.asarray(step.positions)
-    for seq in np.unique(seq_ids[seq_ids >= 0]).tolist():
-        word, bit = divmod(seq, 64)
-        own = np.flatnonzero((owners[:, word] >> np.uint64(bit)) & np.uint64(1))
-        own = own[(own >= cells[0]) & (own < cells[1])]
-        for t in np.flatnonzero(seq_ids == seq).tolist():
-            p = positions[t]
-            seen = own[(pos[own] <= p) & ((window == 0) | (pos[own] > p - window))]
-            np.add.at(attended[t // token_bin], (seen - cells[0]) // cell_bin, 1)
     return MaskPixels(token_edges, cell_edges, attended)

@@ -1,9 +1,9 @@
 """Matplotlib pictures of the pool. No pyplot: every function builds a `Figure` (or draws
 into one passed in, e.g. a subfigure) and returns it; save with `fig.savefig(path)`.
 
-Every picture takes the same keywords: `cells=(A, B)` and `steps=(A, B)` zoom (half-open,
-recorded step numbers), `bin=N` sets the cells per pixel column, `dpi` the figure's
-resolution, `by="request" | "seq"` what colours stand for. Without `bin` a picture fits
+The pictures share keywords where they apply: `cells=(A, B)` and `steps=(A, B)` zoom
+(half-open, recorded step numbers), `bin=N` sets the cells per pixel column, `dpi` the
+figure's resolution, `by="request" | "seq"` what colours stand for. Without `bin` a picture fits
 its pixels: a pool larger than the picture is drawn in blocks, each pixel aggregating the
 cells (and steps) it covers (`numbakv.viz.pixels`). Each figure keeps the data it drew as
 `fig.numbakv` (a dict), for tests and for anyone who wants the numbers.

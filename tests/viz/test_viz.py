@@ -9,6 +9,7 @@ from numbakv.reference import CellCache
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Recorder
 from numbakv.viz import (
+    mask_pixels,
     owner_pixels,
     owners_of,
     plot_all,
@@ -120,7 +121,7 @@ def test_the_timeline_image_shows_its_pixels(annotated):
 
 
 def test_plot_cells_blocks_are_the_snapshot(annotated):
-    trace = annotated
+    trace, labels = annotated, set()
     for block, columns in ((1, 8), (3, 4), (5, 16)):
         fig = plot_cells(trace, 20, bin=block, columns=columns)
         pixels, snap = fig.numbakv["pixels"], fig.numbakv["snapshot"]
@@ -135,14 +136,18 @@ def test_plot_cells_blocks_are_the_snapshot(annotated):
             ]
             held = [groups[c] if c >= 0 else c for c in codes if c != FREE]
             assert pixels.occupied[0, j] == len(held) / len(codes)
-            if len(held) and max(held.count(h) for h in held) * 2 > len(held):
-                assert pixels.label[0, j] == max(held, key=held.count)
+            assert pixels.shared[0, j] == held.count(SHARED) / len(codes)
+            top = max(held, key=held.count) if held else FREE
+            want = top if not held or 2 * held.count(top) > len(held) else MIXED
+            assert pixels.label[0, j] == want, (block, j)
+            labels.add(want)
         grid = fig.axes[0].images[0].get_array()
         assert grid.shape[1] == min(columns, len(pixels.label[0]))
         columns = grid.shape[1]
         cell = int(np.flatnonzero(pixels.occupied[0] == 1)[0])
         want = owners.rgb(pixels.label[0, cell])
         np.testing.assert_allclose(grid[cell // columns, cell % columns], want)
+    assert {FREE, SHARED, MIXED} <= labels  # every kind of label was checked
 
 
 def test_plot_cells_zooms(annotated):
@@ -182,7 +187,9 @@ def test_metrics_on_one_clock_with_annotations(annotated):
     trace = annotated
     fig = plot_metrics(trace)
     cells_ax, frag_ax, events_ax, free_ax = fig.axes[0], fig.axes[1], fig.axes[3], fig.axes[4]
-    assert free_ax.get_shared_x_axes().joined(free_ax, frag_ax)
+    np.testing.assert_array_equal(
+        frag_ax.get_lines()[0].get_ydata(), trace.metrics()["fragmentation"]
+    )
     m = trace.metrics()
     lines = {line.get_label(): line for line in cells_ax.get_lines()}
     np.testing.assert_array_equal(lines["used"].get_xdata(), trace.frame_steps)
@@ -310,7 +317,8 @@ def test_bindings_of_ids_past_max_seqs_bind_nothing():
     step_with(cache, [seq, seq])
     trace = recorder.trace()
     np.testing.assert_array_equal(trace.seq_bindings(), [[0, seq, 1]])
-    assert plot_all(trace).numbakv["cells"]["owners"].labels[-1] == "request 1"
+    labels = plot_all(trace).numbakv["cells"]["owners"].labels
+    assert [label for label in labels if label.startswith("request")] == ["request 1"]
 
 
 def test_a_trace_without_steps_says_so():
@@ -345,3 +353,49 @@ def test_annotations_after_the_last_step_are_drawn_and_counted(annotated):
     zoomed = plot_metrics(annotated, steps=(0, 2))
     ticks = [t.get_text() for t in zoomed.axes[3].get_yticklabels()]
     assert ticks[:2] == ["admit (1 of 2)", "fork (1)"]
+
+
+@pytest.mark.parametrize(
+    ("window", "cells", "cell_bin", "token_bin"),
+    [(0, (0, 40), 1, 1), (2, (3, 31), 4, 2), (3, (10, 12), 1, 3)],
+)
+def test_a_recorded_steps_mask_pixels_are_its_mask_binned(window, cells, cell_bin, token_bin):
+    cache = CellCache(small_config(n_layers=3, windows=(0, 2, 3), capacity=64, max_width=8))
+    recorder = Recorder(cache)
+    a, b = cache.seq_new(), cache.seq_new()
+    for ids in ([a] * 5 + [b] * 3, [a, b, b, a], [b] * 6):
+        step_with(cache, ids)
+    c = cache.seq_clone(a, upto=3)
+    live = step_with(cache, [a, c, b, c, c], width=7)
+    trace = recorder.trace()
+    step = trace.step(trace.step_frames[-1])
+    np.testing.assert_array_equal(step.mask(window), live.mask(window))
+    hi = min(cells[1], step.read_len)
+    pixels = mask_pixels(step, window, (cells[0], hi), cell_bin, token_bin)
+    mask = step.mask(window)[:, cells[0] : hi].astype(np.int64)
+    rows = np.add.reduceat(mask, np.arange(0, step.width, token_bin), axis=0)
+    np.testing.assert_array_equal(
+        pixels.attended, np.add.reduceat(rows, np.arange(0, hi - cells[0], cell_bin), axis=1)
+    )
+    np.testing.assert_array_equal(
+        mask_pixels(live, window, (cells[0], hi), cell_bin, token_bin).attended, pixels.attended
+    )
+
+
+def test_ranges_no_sequence_holds_alone_are_drawn():
+    empty = CellCache(small_config())
+    fig = plot_cells(empty.snapshot())
+    assert (fig.numbakv["pixels"].label == FREE).all()
+    cache = CellCache(small_config(capacity=16, initial_cells=16, max_width=16))
+    recorder = Recorder(cache)
+    a = cache.seq_new()
+    step_with(cache, [a] * 4)
+    cache.seq_clone(a)  # cells 0-3 shared, 4-15 free
+    step_with(cache, [cache.seq_new()])
+    trace = recorder.trace()
+    shared = plot_cells(trace, -1, cells=(0, 4)).numbakv["pixels"]
+    np.testing.assert_array_equal(shared.label[0], [SHARED] * 4)
+    free = plot_cells(trace, -1, cells=(6, 16)).numbakv["pixels"]
+    assert (free.label == FREE).all() and (free.occupied == 0).all()
+    only_shared = owner_pixels(trace, owners_of(trace), (0, 4), (1, 2), 2, 1)
+    np.testing.assert_array_equal(only_shared.label, [[SHARED, SHARED]])

@@ -127,16 +127,16 @@ def test_the_movie_is_the_timeline_in_frames(large_trace, tmp_path):
     path = tmp_path / "pool.gif"
     drawn = save_movie(large_trace, path, frames=6, bin=512)
     pixels = drawn["pixels"]
-    expect = owner_pixels(
-        large_trace,
-        owners_of(large_trace),
-        (0, pixels.cell_edges[-1]),
-        (0, len(large_trace.step_frames)),
-        512,
-        50,
-    )
-    np.testing.assert_array_equal(pixels.label, expect.label)
-    np.testing.assert_allclose(pixels.occupied, expect.occupied)
+    n_steps = len(large_trace.step_frames)
+    np.testing.assert_array_equal(pixels.step_edges, [0, 50, 100, 150, 200, 250, 300])
+    true = large_trace.timeline() != -1  # [steps, cells] occupied
+    cells = pixels.cell_edges
+    for row in range(6):
+        steps = slice(row * 50, (row + 1) * 50)
+        for col in range(0, len(cells) - 1, 7):
+            block = true[steps, cells[col] : cells[col + 1]]
+            assert pixels.occupied[row, col] == pytest.approx(block.mean(), rel=1e-12)
+    assert n_steps == 300 and drawn["columns"] ** 2 >= len(cells) - 1
     with Image.open(path) as gif:
         assert gif.n_frames == 6
 
@@ -178,31 +178,27 @@ def test_cli_new_kinds_and_zoom(small_trace_path, tmp_path, kind, out, capsys):
 def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
     from numbakv.trace import load_trace
 
-    out = tmp_path / "t.png"
-    argv = [
-        "viz",
-        str(small_trace_path),
-        "--kind",
-        "timeline",
-        "-o",
-        str(out),
-        "--steps",
-        "5:30",
-        "--cells",
-        "8:40",
-        "--bin",
-        "3",
-        "--dpi",
-        "50",
-    ]
-    assert main(argv) == 0
-    png = imread(out)
-    fig = plot_timeline(
-        load_trace(small_trace_path), steps=(5, 30), cells=(8, 40), bin=3, dpi=50, mark_step=39
+    out = tmp_path / "cli.png"
+    zoom = ["--steps", "5:30", "--cells", "8:40", "--bin", "3", "--dpi", "50"]
+    assert main(["viz", str(small_trace_path), "--kind", "timeline", "-o", str(out), *zoom]) == 0
+    trace = load_trace(small_trace_path)
+    last = len(trace.step_frames) - 1  # the CLI marks --step, by default the last
+    fig = plot_timeline(trace, steps=(5, 30), cells=(8, 40), bin=3, dpi=50, mark_step=last)
+    fig.savefig(tmp_path / "python.png", dpi=50)
+    cli, python = imread(out), imread(tmp_path / "python.png")
+    assert cli.shape[:2] == (300, 500)  # 10 x 6 inches at 50 dpi
+    np.testing.assert_array_equal(cli, python)  # the same picture, pixel for pixel
+    pixels = fig.numbakv["pixels"]
+    np.testing.assert_array_equal(pixels.cell_edges, np.append(np.arange(8, 40, 3), 40))
+    np.testing.assert_array_equal(pixels.step_edges[[0, -1]], [5, 30])
+    unzoomed = tmp_path / "all.png"
+    assert (
+        main(
+            ["viz", str(small_trace_path), "--kind", "timeline", "-o", str(unzoomed), "--dpi", "50"]
+        )
+        == 0
     )
-    assert png.shape[:2] == (300, 500)  # 10 x 6 inches at 50 dpi
-    np.testing.assert_array_equal(fig.numbakv["pixels"].cell_edges[[0, -1]], [8, 40])
-    assert np.diff(fig.numbakv["pixels"].cell_edges)[0] == 3
+    assert not np.array_equal(imread(unzoomed), cli)
 
 
 @pytest.mark.parametrize(
@@ -213,8 +209,10 @@ def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
         (["--steps", "999:"], "argument --steps: steps 999: is empty or outside the picture's 38"),
         (["--kind", "timeline", "--cells", "500:"], "--cells: cells 500: is empty or outside"),
         (["--kind", "mask", "--cells", ":0"], "argument --cells: ':0' is empty"),
-        (["--kind", "cells", "--steps", "1:3"], "--kind cells has no steps to zoom"),
-        (["--kind", "metrics", "--bin", "3"], "--kind metrics has no bin to zoom"),
+        (["--kind", "cells", "--steps", "1:3"], "--steps: it does not apply to --kind cells"),
+        (["--kind", "metrics", "--bin", "3"], "--bin: it does not apply to --kind metrics"),
+        (["--kind", "mask", "--by", "seq"], "--by: it does not apply to --kind mask"),
+        (["--kind", "movie", "--step", "3"], "--step: it does not apply to --kind movie"),
         (["--dpi", "100000"], "more than 600 dots per inch"),
         (["--bin", "0"], "argument --bin"),
         (["--kind", "movie"], "a movie is written as .gif"),
