@@ -105,30 +105,26 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int) -> np.ndarray:
     n_cells, n_frames = int(arrays["read_len"].max(initial=0)), len(arrays["events"])
     owners = np.zeros((n_cells + 1, arrays["delta_owners"].shape[1]), dtype=np.uint64)
     offsets, cells, new = arrays["delta_offsets"], arrays["delta_cells"], arrays["delta_owners"]
-    frames, signs, starts = [], [], []
-    for f in range(n_frames):
+    befores, afters, at_frames, n_at = [], [], [], []
+    for f in np.flatnonzero(np.diff(offsets)).tolist():  # the frames that change cells
         changed = slice(offsets[f], offsets[f + 1])
-        if offsets[f + 1] == offsets[f]:
-            continue
         # a run starts at cell x for each owner of x that does not own x - 1 (owners row
         # x + 1 holds cell x): only starts at a changed cell or just past one can change
-        at = np.unique(np.concatenate([cells[changed], cells[changed] + 1]))
+        c = cells[changed]  # ascending (trace_checks): c + 1 is in c where neighbours changed
+        at = np.concatenate([c, (c + 1)[np.append(c[1:] != c[:-1] + 1, True)]])
         at = at[at < n_cells]
-        for sign in (-1, 1):
-            if sign == 1:
-                owners[cells[changed] + 1] = new[changed]
-            begins = owners[at + 1] & ~owners[at]
-            begins = begins[begins.any(axis=1)]
-            starts.append(begins)
-            frames.append(np.full(len(begins), f))
-            signs.append(np.full(len(begins), sign))
-    if not starts:
-        return np.zeros((n_frames, max_seqs), dtype=np.int32)
-    starts, frames, signs = np.concatenate(starts), np.concatenate(frames), np.concatenate(signs)
+        befores.append(owners[at + 1] & ~owners[at])
+        owners[cells[changed] + 1] = new[changed]
+        afters.append(owners[at + 1] & ~owners[at])
+        at_frames.append(f)
+        n_at.append(len(at))
     delta = np.zeros((n_frames, max_seqs), dtype=np.int64)
-    for word in range(starts.shape[1]):
-        row, bit = bit_pairs(starts[:, word])
-        np.add.at(delta, (frames[row], 64 * word + bit), signs[row])
+    frames = np.repeat(np.array(at_frames, dtype=np.int64), n_at)
+    for starts, sign in ((befores, -1), (afters, 1)):
+        starts = np.concatenate(starts) if starts else np.zeros((0, owners.shape[1]), np.uint64)
+        for word in range(starts.shape[1]):
+            row, bit = bit_pairs(starts[:, word])
+            np.add.at(delta, (frames[row], 64 * word + bit), sign)
     return np.cumsum(delta, axis=0).astype(np.int32)
 
 
