@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbakv import trace_scan
 from numbakv.config import CacheConfig
 from numbakv.errors import ConfigError, TraceError
 from numbakv.reference.step import window_mask
 from numbakv.snapshot import FREE, Snapshot
 from numbakv.trace_checks import annotation_problem, annotation_records, check_arrays, plain_data
 from numbakv.trace_file import ARRAYS, FORMAT, FRAME_EVENTS, STEP_EVENT, read_trace_file
-from numbakv.trace_scan import largest_free_run, last_changes, replay_codes, used_and_held
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,9 @@ class Trace:
 
     def seq_requests(self, frame: int) -> dict[int, int]:
         """{sequence id: request id} at `frame`: what the bindings before it say."""
-        frame = range(self.n_frames)[frame]
-        return {seq: request for f, seq, request in self.seq_bindings().tolist() if f < frame}
+        n_frames, max_seqs = self.n_frames, self.config.max_seqs
+        row = trace_scan.request_table(self.seq_bindings(), n_frames, max_seqs)[frame]
+        return {seq: request for seq, request in enumerate(row.tolist()) if request >= 0}
 
     def seq_bindings(self) -> np.ndarray:
         """[n, 3] int64 rows (frame, seq, request) in recording order: an annotation whose
@@ -178,7 +179,7 @@ class Trace:
         frame = range(self.n_frames)[frame]
         a = self.arrays
         read_len = int(a["read_len"][frame])
-        last = last_changes(a, frame)
+        last = trace_scan.last_changes(a, frame)
         last = last[a["delta_cells"][last] < read_len]  # cells past read_len are free now
         pos = np.full(read_len, -1, dtype=np.int32)
         owners = np.zeros((read_len, self.config.n_owner_words), dtype=np.uint64)
@@ -214,7 +215,7 @@ class Trace:
         growth        : True where the pool grew (or was first allocated)
         largest_free  : the longest run of free cells among the allocated rows
         """
-        used, held = used_and_held(self.arrays)
+        used, held = trace_scan.used_and_held(self.arrays)
         read_len = self.arrays["read_len"].astype(np.int64)
         rows = self.arrays["rows"].astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -227,7 +228,7 @@ class Trace:
             "fragmentation": fragmentation,
             "width": self.widths,
             "growth": np.diff(rows, prepend=0) > 0,
-            "largest_free": largest_free_run(self.arrays),
+            "largest_free": trace_scan.largest_free_run(self.arrays),
         }
 
     def timeline(self, frames=None) -> np.ndarray:
@@ -241,7 +242,7 @@ class Trace:
         frames = np.array([range(self.n_frames)[f] for f in frames.tolist()], dtype=np.int64)
         n_cells = int(self.arrays["read_len"].max(initial=0))
         out = np.full((len(frames), n_cells), FREE, dtype=np.int32)
-        for f, codes, _ in replay_codes(self.arrays, n_cells):
+        for f, codes, _ in trace_scan.replay_codes(self.arrays, n_cells):
             out[frames == f] = codes  # each row asking for frame f, repeats included
         return out
 

@@ -15,6 +15,7 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
 from numbakv.trace_file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
+from numbakv.trace_scan import change_frames
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
@@ -101,7 +102,7 @@ class _History:
 
     def __init__(self, a: dict[str, np.ndarray]):
         self.n_frames = len(a["events"])
-        self.frame = np.repeat(np.arange(self.n_frames), np.diff(a["delta_offsets"]))  # unsorted
+        self.frame = change_frames(a)  # unsorted
         order = np.lexsort((self.frame, a["delta_cells"]))
         self.cells, self.start = a["delta_cells"][order], self.frame[order]
         self.pos, self.owners = a["delta_pos"][order], a["delta_owners"][order]

@@ -36,6 +36,16 @@ def change_codes(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return owner_codes(arrays["delta_owners"])
 
 
+def request_table(bindings: np.ndarray, n_frames: int, max_seqs: int) -> np.ndarray:
+    """[n_frames, max_seqs] int64: the request each sequence id is bound to at each frame,
+    -1 for none. `bindings` are `Trace.seq_bindings()` rows (frame, seq, request): each
+    holds from the frame after its own until the id's next binding."""
+    table = np.full((n_frames, max_seqs), -1, dtype=np.int64)
+    for frame, seq, request in bindings.tolist():
+        table[frame + 1 :, seq] = request
+    return table
+
+
 def used_and_held(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """([n_frames] int64 occupied cells, [n_frames] int64 tokens held) after each frame;
     held - occupied is what sharing saves."""
@@ -56,13 +66,15 @@ def last_changes(arrays: dict[str, np.ndarray], frame: int) -> np.ndarray:
 
 
 def replay_codes(
-    arrays: dict[str, np.ndarray], n_cells: int
+    arrays: dict[str, np.ndarray], n_cells: int, new_codes: np.ndarray | None = None
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(frame, codes, changed cells) per frame, in order: `codes` is one `[n_cells] int32`
     array of owner codes (ids, FREE, SHARED), updated in place to the table after that
-    frame. Consumers read it before the next iteration and never keep it."""
+    frame. Consumers read it before the next iteration and never keep it. `new_codes`:
+    `change_codes(arrays)`, when the caller has it already."""
     codes = np.full(n_cells, FREE, dtype=np.int32)
-    new_codes, offsets, cells = change_codes(arrays), arrays["delta_offsets"], arrays["delta_cells"]
+    new_codes = change_codes(arrays) if new_codes is None else new_codes
+    offsets, cells = arrays["delta_offsets"], arrays["delta_cells"]
     for f in range(len(arrays["events"])):
         changed = slice(offsets[f], offsets[f + 1])
         codes[cells[changed]] = new_codes[changed]

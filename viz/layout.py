@@ -83,6 +83,15 @@ def shade(owners: Owners, pixels: OwnerPixels) -> np.ndarray:
     return 1.0 - occupied * (1.0 - owners.rgb(pixels.label))
 
 
+def block_grid(rgb: np.ndarray, columns: int, fill: np.ndarray) -> np.ndarray:
+    """[n, grid_rows, columns, 3]: each of the n rows of block colours `rgb` ([n, n_blocks,
+    3]) laid out row-major, `columns` blocks a line, places past the last block `fill`."""
+    n, n_blocks, _ = rgb.shape
+    grid = np.empty((n, -(-n_blocks // columns) * columns, 3))
+    grid[:, :n_blocks], grid[:, n_blocks:] = rgb, fill
+    return grid.reshape(n, -1, columns, 3)
+
+
 def owner_legend(ax, owners: Owners, mixed: bool) -> None:
     """free, shared, the coloured owners largest first, "other …" and "mixed" when drawn;
     says how many owners there are when not all are shown."""

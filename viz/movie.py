@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from numbakv.trace import Trace
 
-from .layout import axes_pixels, bin_size, need_steps, owner_legend, shade, span
+from .layout import axes_pixels, bin_size, block_grid, need_steps, owner_legend, shade, span
 from .owners import MIXED, owners_of
 from .pixels import owner_pixels
 
@@ -44,9 +44,7 @@ def save_movie(
     n_blocks = pixels.label.shape[1]
     columns = 2 ** round(np.log2(np.sqrt(2 * n_blocks)))
     columns = max(1, min(columns, n_blocks))
-    rgb = np.ones((len(pixels.label), -(-n_blocks // columns) * columns, 3))
-    rgb[:, :n_blocks] = shade(owners, pixels)
-    rgb = rgb.reshape(len(rgb), -1, columns, 3)
+    rgb = block_grid(shade(owners, pixels), columns, np.ones(3))  # a picture per row
     image = ax.imshow(rgb[0], interpolation="nearest")
     owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
     unit = "cell" if block == 1 else f"block of {block} cells"

@@ -14,7 +14,7 @@ from matplotlib.colors import to_rgb
 
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Trace
-from numbakv.trace_scan import change_codes, change_frames, previous_changes
+from numbakv.trace_scan import change_codes, change_frames, previous_changes, request_table
 
 # Okabe & Ito's colour-blind-safe palette without its black (shared cells) and vermillion
 # (too near read_len's red), then Paul Tol's wine, olive and indigo
@@ -104,10 +104,11 @@ def owners_of(trace: Trace, by: str | None = None) -> Owners:
     seq_groups = np.broadcast_to(np.arange(max_seqs, dtype=np.int32), (n_frames, max_seqs)).copy()
     labels = [f"seq {s}" for s in range(max_seqs)]
     if by == "request" and len(bindings):
-        requests, index = np.unique(bindings[:, 2], return_inverse=True)
+        requests = np.unique(bindings[:, 2])
         labels += [f"request {r}" for r in requests.tolist()]
-        for (frame, seq, _), group in zip(bindings.tolist(), index.tolist(), strict=True):
-            seq_groups[frame + 1 :, seq] = max_seqs + group
+        table = request_table(bindings, n_frames, max_seqs)
+        bound = table >= 0
+        seq_groups[bound] = max_seqs + np.searchsorted(requests, table[bound])
     return _ranked(by, labels, seq_groups, _cell_steps(trace, seq_groups, len(labels)))
 
 

@@ -64,7 +64,8 @@ def owner_pixels(
     how many of the steps drawn are done, now and then."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
     n_cols = len(cell_edges) - 1
-    ids = np.unique(change_codes(trace.arrays))
+    new_codes = change_codes(trace.arrays)
+    ids = np.unique(new_codes)
     ids = ids[ids >= 0]  # only ids that ever hold a cell alone get counts: O(ids used)
     slot_of = np.full(trace.config.max_seqs + 2, len(ids), dtype=np.int64)  # codes -> slots:
     slot_of[ids], slot_of[FREE] = np.arange(len(ids)), -1  # SHARED (-2) and FREE (-1) index
@@ -76,7 +77,7 @@ def owner_pixels(
     slot = np.full(max(cells[1], 1), -1, dtype=np.int64)  # each cell's owner's slot, -1 free
     clock = trace.frame_steps  # a frame's changes hold from the step it leads into on
     n_cells = int(trace.arrays["read_len"].max(initial=0))
-    for f, codes, changed in replay_codes(trace.arrays, n_cells):
+    for f, codes, changed in replay_codes(trace.arrays, n_cells, new_codes):
         t = int(clock[f])
         if t >= steps[1]:
             break

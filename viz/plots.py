@@ -20,6 +20,7 @@ from .layout import (
     axes_pixels,
     bin_size,
     binned_note,
+    block_grid,
     need_steps,
     new_figure,
     owner_legend,
@@ -76,13 +77,11 @@ def plot_cells(
     n_blocks = len(pixels.label[0])
     columns = grid_columns(n_blocks, cols_max, rows_max) if columns is None else int(columns)
     columns = max(1, min(columns, n_blocks))
-    grid_rows = -(-n_blocks // columns)
-    rgb = np.ones((grid_rows * columns, 3))
-    rgb[:n_blocks] = shade(owners, pixels)[0]
-    past_rows = pixels.cell_edges[:-1] >= snap.rows
-    rgb[:n_blocks][past_rows] = _rgb(UNALLOCATED_COLOUR)
-    rgb[n_blocks:] = _rgb(UNALLOCATED_COLOUR)
-    ax.imshow(rgb.reshape(grid_rows, columns, 3), interpolation="nearest")
+    rgb = shade(owners, pixels)
+    rgb[:, pixels.cell_edges[:-1] >= snap.rows] = _rgb(UNALLOCATED_COLOUR)  # past the rows
+    grid = block_grid(rgb, columns, _rgb(UNALLOCATED_COLOUR))[0]
+    grid_rows = len(grid)
+    ax.imshow(grid, interpolation="nearest")
     if lo <= snap.read_len <= hi:
         row, col = divmod(int(np.searchsorted(pixels.cell_edges, snap.read_len)), columns)
         if row == grid_rows:  # read_len ends the grid's last line: the bar closes it
