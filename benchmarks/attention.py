@@ -21,7 +21,7 @@ import platform
 
 import numpy as np
 
-from numbakv.cache._cuda import IS_SIMULATOR, MODE, cuda, device_info
+from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda, device_info
 from numbakv.cache.table import HostTable
 from numbakv.config import CacheConfig
 from numbakv.reference.step import window_mask

@@ -30,7 +30,7 @@ from counting_calls import (
 from counting_patches import entry_points, install, uninstall
 from counting_wrappers import ACTIVE
 
-from numbakv.cache._cuda import IS_SIMULATOR
+from numbakv.cache.cuda import IS_SIMULATOR
 
 __all__ = [
     "CATEGORIES",

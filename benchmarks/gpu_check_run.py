@@ -57,7 +57,7 @@ class Device:
 
     def __init__(self):
         from numbakv.cache import CellCache
-        from numbakv.cache._cuda import IS_SIMULATOR, cuda
+        from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
         self.cuda, self.is_simulator, self.CellCache = cuda, IS_SIMULATOR, CellCache
 

@@ -24,7 +24,7 @@ from launch_budget_bench import build
 from launch_budget_rules import CASES
 from launch_budget_table import table
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
 
 def main(argv=None) -> int:

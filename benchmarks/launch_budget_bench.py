@@ -16,7 +16,7 @@ import numpy as np
 from counting import DeviceCalls, count_device_calls
 from launch_budget_rules import Case, Measurement
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.config import CacheConfig
 
 N_KV_HEADS, N_HEADS, HEAD_DIM = 2, 4, 16

@@ -185,7 +185,7 @@ def exercise(trace: Trace) -> None:
         for window in trace.config.distinct_windows:
             assert step.mask(window).shape == (step.width, step.read_len)
     assert all(len(m) == trace.n_frames for m in trace.metrics().values())
-    assert trace.timeline().shape[0] == len(trace.step_frames)
+    assert trace.timeline().shape[0] == trace.n_steps
 
 
 def same_trace(a: Trace, b: Trace) -> bool:
@@ -254,7 +254,7 @@ def main() -> None:
     args = parser.parse_args()
     o = Originals(args.seed)
     rng = np.random.default_rng(args.seed)
-    print(f"trace: {o.trace.n_frames} frames, {len(o.trace.step_frames)} steps, {len(o.data)} "
+    print(f"trace: {o.trace.n_frames} frames, {o.trace.n_steps} steps, {len(o.data)} "
           f"bytes; {args.variants} variants of each of {', '.join(KINDS)}")  # fmt: skip
     kinds = {kind: variants(kind, o, rng, args.variants) for kind in KINDS}
     if args.every_bit:

@@ -28,7 +28,8 @@ from collections import Counter
 import numpy as np
 
 from numbakv import checks
-from numbakv.config import CacheConfig, int_at_least
+from numbakv.checks import int_at_least
+from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, ConfigError, StepError
 
 BUGS = {

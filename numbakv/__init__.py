@@ -16,7 +16,7 @@ but the device cache and the device model stays numba-free. The first use of `Ce
 from importlib import import_module
 from pathlib import Path
 
-from numbakv import _moved
+from numbakv import _checkout, _deprecated
 
 __version__ = "0.5.0"
 
@@ -26,7 +26,7 @@ _EXPORTS = {
     "Bindings": "numbakv.cache.bindings",
     "StepGraph": "numbakv.cache.graph",
     "DeviceModel": "numbakv.device_model.model",
-    "device_info": "numbakv.cache._cuda",
+    "device_info": "numbakv.cache.cuda",
     "CacheConfig": "numbakv.config",
     "Snapshot": "numbakv.snapshot",
     "CacheError": "numbakv.errors",
@@ -59,7 +59,8 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-_moved.install(Path(__file__).resolve().parent)
+_deprecated.install()
+_checkout.install(Path(__file__).resolve().parent)
 
 
 def __getattr__(name: str):

@@ -1,20 +1,130 @@
-"""Argument checks both implementations share: each raises the error of SPEC §6 or returns
-the checked value. Pure: they read the table, never change it, and every verb runs them
-before it changes anything.
+"""Every check of a caller's arguments, in one module: each returns the checked value or
+raises the error its caller names (for a cache, the error of docs/contract.md §6), naming
+the bad value and what to do. Pure: they read what they are given and change nothing, and
+every call runs them before it changes anything.
 
-They are the one piece of the refusal path the two caches share (SPEC §7 allows it), so a
-differential test cannot see a bug in them; `tests/contract/` holds each refusal, and the
-order of the checks, to a fixed expected error on both caches instead."""
+    values  integers, reals, token ids, file paths: what the config, the caches, the serving
+            stack and the command line (its argparse types, `numbakv.cli.args`) all take
+    calls   the arguments of the caches' verbs and steps, read against either table
+
+The calls' checks are the one piece of the refusal path the two caches share (§7 allows
+it), so a differential test cannot see a bug in them; `tests/contract/` holds each
+refusal, and the order of the checks, to a fixed expected error on both caches instead.
+"""
+
+from __future__ import annotations
 
 import math
 import numbers
 import operator
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from numbakv.config import CacheConfig, as_int, short_repr
-from numbakv.errors import CacheError, CapacityError, SequenceError, StepError
+from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
+
+if TYPE_CHECKING:  # checks.py is below config.py, which builds its fields on these checks
+    from numbakv.config import CacheConfig
+
+# -- values ---------------------------------------------------------------------------
+
+
+def as_int(name: str, value, error: type[Exception] = ConfigError, hint: str = "") -> int:
+    """`value` as an int, or `error` naming `name`, the value and `hint` (what to do):
+    integers are the values `operator.index` takes (int, NumPy integers, 0-d integer
+    arrays) except bools."""
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)
+        except Exception:  # TypeError, or whatever a hostile __index__ raises
+            pass
+    raise error(
+        f"{name} must be an integer (not a bool, float, string or None), got "
+        f"{short_repr(value)}{hint}"
+    )
+
+
+def short_repr(value) -> str:
+    """repr(value), cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def int_at_least(name: str, value, bound: int, error: type[Exception] = ConfigError) -> int:
+    """`value` as an int >= bound (bools refused), or `error` naming `name` and the bound."""
+    value = as_int(name, value, error)
+    if value < bound:
+        raise error(f"{name}={value} is below {bound}; give {name} >= {bound}")
+    return value
+
+
+def at_most(name: str, value: int, bound: int, error: type[Exception] = ConfigError) -> int:
+    """`value` (an int) when it is <= bound, else `error` naming `name` and the bound."""
+    if value > bound:
+        raise error(f"{name}={value} exceeds {bound}; give {name} <= {bound}")
+    return value
+
+
+def real(name: str, value, error: type[Exception]) -> float:
+    """`value` as a float when it is a real number (not a bool, not a str), else `error`."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        return float(value)
+    raise error(f"{name} must be a real number, got {value!r}")
+
+
+def token_ids(name: str, tokens, vocab_size: int, error: type[Exception]) -> list[int]:
+    """`tokens` as a non-empty list of ints in [0, vocab_size), or `error` naming the first
+    bad entry. Takes a sequence of integers or a 1-d integer array; refuses a str, bytes,
+    sets and iterators (no order or no second look), and arrays of another rank or dtype."""
+    expected = f"token ids: a non-empty list of ints in [0, {vocab_size})"
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise error(
+                f"{name} is an array of shape {tokens.shape} and dtype {tokens.dtype}; "
+                f"expected {expected} (a 1-d integer array)"
+            )
+        tokens = tokens.tolist()
+    elif isinstance(tokens, str | bytes | bytearray) or not isinstance(tokens, Sequence):
+        raise error(f"{name} must be {expected}, got {tokens!r}; give list(...) of the ids")
+    hint = f"; {name} holds {expected}"
+    checked = [as_int(f"{name}[{i}]", t, error, hint) for i, t in enumerate(tokens)]
+    if not checked:
+        raise error(f"{name} is empty; expected {expected}")
+    for i, t in enumerate(checked):
+        if not 0 <= t < vocab_size:
+            raise error(
+                f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size}); expected "
+                f"{expected}"
+            )
+    return checked
+
+
+def new_file(path, suffix: str | None = None, error: type[Exception] = ValueError) -> Path:
+    """`path` as a Path to write: not a folder, in a folder that exists (a file there is
+    overwritten), ending in `suffix` when one is given; else `error` saying what to do."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path} is a folder; give a file name in it")
+    if not path.parent.is_dir():
+        raise error(f"{path}: the folder {path.parent} does not exist; create it first")
+    if suffix is not None and path.suffix != suffix:
+        raise error(f"{path} does not end in {suffix}; give e.g. {path.stem}{suffix}")
+    return path
+
+
+def existing_file(path, error: type[Exception] = ValueError) -> Path:
+    """`path` as a Path to a file that exists, else `error` saying what is there."""
+    path = Path(path)
+    if not path.exists():
+        raise error(f"no file at {path}; check the path")
+    if path.is_dir():
+        raise error(f"{path} is a folder; give the file in it")
+    return path
+
+
+# -- calls of the caches -----------------------------------------------------------
 
 SHOWN_IDS = 8  # live ids a SequenceError lists, at most
 FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
@@ -155,6 +265,21 @@ def _live_ids_one_by_one(table, seq_ids) -> list[int]:
         raise
     except Exception as error:  # a sequence whose items cannot be read
         raise StepError(f"cannot read the declared ids {short_repr(seq_ids)}: {error!r}") from error
+
+
+GEOMETRY = ("n_layers", "n_kv_heads", "head_dim", "windows")  # what a model and its cache share
+
+
+def check_geometry(model_config, cache_config: CacheConfig) -> None:
+    """ConfigError naming the first field of GEOMETRY in which a model's config (anything
+    with those attributes) and a cache's config differ."""
+    for name in GEOMETRY:
+        model_value, cache_value = getattr(model_config, name), getattr(cache_config, name)
+        if model_value != cache_value:
+            raise ConfigError(
+                f"the model's {name}={model_value!r} differs from the cache config's "
+                f"{name}={cache_value!r}; build the cache with model.config.cache_config(...)"
+            )
 
 
 def check_width(width, n: int, max_width: int) -> int:

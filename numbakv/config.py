@@ -1,16 +1,24 @@
 """`CacheConfig`: the shape of a cell cache, validated once, shared by both implementations."""
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.errors import CacheError, ConfigError
+from numbakv.checks import at_most, int_at_least
+from numbakv.errors import ConfigError
 
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 # the arrays that hold K/V of each storage dtype: bfloat16 as its 16-bit patterns (the top
 # half of a float32), so that NumPy needs no bfloat16 type
 STORAGE_ARRAYS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+# How far an attention output may be from the reference's and count as the same: relative to
+# max(1, the largest |value| of its row), by the dtype its arithmetic rounds to. Every numbakv
+# kernel, and the reference, compute in float32 whatever they store, so they are held to the
+# float32 entry; a kernel that computes in its storage precision (q and the softmax weights
+# rounded to float16 or bfloat16 for its matmuls, as FlashAttention's do) lands near 1 unit
+# of roundoff (4.9e-4 for float16, 3.9e-3 for bfloat16), 4 units inside its entry. float32:
+# 1e-5 is ~170 ulps, room for any summation order, online-softmax rescaling and a fast exp.
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 DEFAULT_INITIAL_CELLS = 256
 INT32_MAX = 2**31 - 1  # cells, positions and ids travel as int32
 MAX_LAYERS = 2**16  # far past any model; bounded before `windows` is built
@@ -58,9 +66,9 @@ class CacheConfig:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
             _set(self, name, int_at_least(name, getattr(self, name), 1))
         capacity = int_at_least("capacity", self.capacity, self.max_width)
-        _at_most("n_layers", self.n_layers, MAX_LAYERS)
+        at_most("n_layers", self.n_layers, MAX_LAYERS)
         for name in ("n_kv_heads", "head_dim", "max_seqs", "max_width", "capacity"):
-            _at_most(name, getattr(self, name), INT32_MAX)
+            at_most(name, getattr(self, name), INT32_MAX)
         _set(self, "capacity", capacity)
         _set(self, "windows", _windows(self.windows, self.n_layers))
         for name, default in (
@@ -116,46 +124,12 @@ def _set(config: CacheConfig, name: str, value) -> None:
     object.__setattr__(config, name, value)
 
 
-def as_int(name: str, value, error: type[CacheError] = ConfigError, hint: str = "") -> int:
-    """`value` as an int, or `error` naming `name`, the value and `hint` (what to do):
-    integers are the values `operator.index` takes (int, NumPy integers, 0-d integer
-    arrays) except bools."""
-    if not isinstance(value, bool | np.bool_):
-        try:
-            return operator.index(value)
-        except Exception:  # TypeError, or whatever a hostile __index__ raises
-            pass
-    raise error(
-        f"{name} must be an integer (not a bool, float, string or None), got "
-        f"{short_repr(value)}{hint}"
-    )
-
-
-def short_repr(value) -> str:
-    """repr(value), cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def int_at_least(name: str, value, bound: int) -> int:
-    """`value` as an int >= bound (bools refused), or ConfigError naming `name` and the bound."""
-    value = as_int(name, value)
-    if value < bound:
-        raise ConfigError(f"{name}={value} is below its bound {bound}; give {name} >= {bound}")
-    return value
-
-
 def _cells_up_to_capacity(name: str, value, default: int, capacity: int) -> int:
     """`value` (or `default` when None) as an int in [1, capacity], or ConfigError."""
     value = int_at_least(name, default if value is None else value, 1)
     if value > capacity:
         raise ConfigError(f"{name}={value} exceeds capacity={capacity}; give {name} <= capacity")
     return value
-
-
-def _at_most(name: str, value: int, bound: int) -> None:
-    if value > bound:
-        raise ConfigError(f"{name}={value} exceeds {bound}; give {name} <= {bound}")
 
 
 def _check_bytes(config: CacheConfig) -> None:
@@ -185,7 +159,7 @@ def _windows(windows, n_layers: int) -> tuple[int, ...]:
         )
     windows = tuple(int_at_least(f"windows[{i}]", w, 0) for i, w in enumerate(windows))
     for i, w in enumerate(windows):
-        _at_most(f"windows[{i}]", w, INT32_MAX)
+        at_most(f"windows[{i}]", w, INT32_MAX)
     if len(windows) != n_layers:
         raise ConfigError(
             f"windows has {len(windows)} entries but n_layers={n_layers}; give one window per layer"

@@ -2,12 +2,9 @@
 
 import numpy as np
 
+from numbakv.checks import default_scale
+
 from .storage import to_float32
-
-
-def default_scale(head_dim: int) -> np.float32:
-    """1 / sqrt(head_dim) as float32."""
-    return np.float32(1.0 / np.sqrt(head_dim))
 
 
 def softmax_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32) -> np.ndarray:

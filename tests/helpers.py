@@ -9,6 +9,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from numbakv.config import TOLERANCE
 from numbakv.reference import CacheConfig, CellCache, solo_attention
 from numbakv.reference.pool import numpy_allocator
 from numbakv.serve.model import Model, ModelConfig, rms_norm, rotate, silu
@@ -73,6 +74,13 @@ def as_stored(x, dtype: str) -> np.ndarray:
     """float32 values as a pool of storage `dtype` holds them, widened back to float32;
     bfloat16 through ml_dtypes, an oracle written independently of both caches."""
     return pool_values(as_storage(x, dtype), dtype)
+
+
+def assert_close(got, expect, err_msg: str = "") -> None:
+    """Attention outputs computed in float32 from the same stored values (numbakv's kernels
+    and the reference, whatever the storage dtype) agree within TOLERANCE["float32"]."""
+    tol = TOLERANCE["float32"]
+    np.testing.assert_allclose(got, expect, rtol=tol, atol=tol, err_msg=err_msg)
 
 
 def step_with(cache: CellCache, seq_ids, width=None):

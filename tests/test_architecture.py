@@ -45,7 +45,7 @@ FORBIDDEN = (
     ("numbakv.viz", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.demo", "numbakv.cli")),
     ("numbakv.trace", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.viz")),
 )
-CUDA_OWNER = "numbakv.cache._cuda"  # the one module that imports numba.cuda
+CUDA_OWNER = "numbakv.cache.cuda"  # the one module that imports numba.cuda
 LAZY = {"numbakv": numbakv._EXPORTS, "numbakv.cache": numbakv.cache._EXPORTS}
 DYNAMIC_IMPORTERS = ("numbakv", "numbakv.cache", "numbakv._moved", "numbakv.cache.kernels")
 CHECKOUT_FOLDERS = {"reference": "numbakv.reference", "viz": "numbakv.viz"}

@@ -118,13 +118,9 @@ def owner_legend(ax, owners: Owners, mixed: bool) -> None:
 
 def need_steps(trace: Trace) -> int:
     """The trace's recorded steps; ValueError when it has none (nothing to draw)."""
-    if (n := steps_of(trace)) == 0:
+    if (n := trace.n_steps) == 0:
         raise ValueError("the trace records no step, so there is nothing to draw")
     return n
-
-
-def steps_of(trace: Trace) -> int:
-    return len(trace.step_frames)
 
 
 def binned_note(cell_bin: int, step_bin: int = 1) -> str:

@@ -14,7 +14,7 @@ from matplotlib.colors import to_rgb
 
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Trace
-from numbakv.trace_scan import change_codes, change_frames, previous_changes, request_table
+from numbakv.trace.scan import change_codes, change_frames, previous_changes, request_table
 
 # Okabe & Ito's colour-blind-safe palette without its black (shared cells) and vermillion
 # (too near read_len's red), then Paul Tol's wine, olive and indigo

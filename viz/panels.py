@@ -8,9 +8,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from numbakv.trace import Trace
-from numbakv.trace_scan import sequence_runs
+from numbakv.trace.scan import sequence_runs
 
-from .layout import axes_pixels, bin_size, need_steps, new_figure, span, steps_of
+from .layout import axes_pixels, bin_size, need_steps, new_figure, span
 from .owners import MARK_COLOUR, READ_LEN_COLOUR
 
 # colours of the Engine's annotation kinds; a user's own kinds take GREYS in turn
@@ -53,7 +53,7 @@ def annotation_marks(ax, trace: Trace, steps: tuple[int, int], x: float) -> None
     the last step at the picture's lower edge)."""
     kinds = annotation_steps(trace)
     for kind, at in kinds.items():
-        at = shown_steps(at, steps, steps_of(trace))
+        at = shown_steps(at, steps, trace.n_steps)
         ax.scatter(
             np.full(len(at), x),
             np.minimum(at, steps[1] - 0.5),
@@ -117,7 +117,7 @@ def _event_strip(ax, trace: Trace, steps: tuple[int, int]) -> dict[str, int]:
     kinds = annotation_steps(trace)
     counts = {}
     for row, (kind, every) in enumerate(kinds.items()):
-        at = shown_steps(every, steps, steps_of(trace))
+        at = shown_steps(every, steps, trace.n_steps)
         ax.scatter(
             at, np.full(len(at), row), marker="|", s=40, color=kind_colour(kind, list(kinds))
         )

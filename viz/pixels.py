@@ -14,7 +14,7 @@ import numpy as np
 
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Trace, TraceStep
-from numbakv.trace_scan import change_codes, replay_codes
+from numbakv.trace.scan import change_codes, replay_codes
 
 from .owners import MIXED, Owners
 

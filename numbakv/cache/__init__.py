@@ -11,7 +11,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
-    "default_scale": "numbakv.cache.cellcache",
+    "default_scale": "numbakv.checks",
     "Step": "numbakv.cache.step",
     "Bindings": "numbakv.cache.bindings",
     "StepGraph": "numbakv.cache.graph",
@@ -19,8 +19,8 @@ _EXPORTS = {
     "DevicePool": "numbakv.cache.pool",
     "device_allocator": "numbakv.cache.pool",
     "HostTable": "numbakv.cache.table",
-    "device_info": "numbakv.cache._cuda",
-    "device_address": "numbakv.cache._cuda",
+    "device_info": "numbakv.cache.cuda",
+    "device_address": "numbakv.cache.cuda",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,7 +3,7 @@ and the pinned host staging the step buffer is uploaded from."""
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda, is_done, ordering_event
+from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, ROWS, SCALARS, SEQ_IDS, columns
 from numbakv.config import CacheConfig
 

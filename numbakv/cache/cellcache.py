@@ -5,8 +5,8 @@ on the device, and numba.cuda kernels for placement, the table mirror, masks and
 import numpy as np
 
 from numbakv.cache import inputs
-from numbakv.cache._cuda import cuda
 from numbakv.cache.buffers import StepBuffers
+from numbakv.cache.cuda import cuda
 from numbakv.cache.graph import Capture, not_while_capturing
 from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
@@ -17,6 +17,7 @@ from numbakv.cache.step import Step
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
 from numbakv.checks import (
+    as_int,
     check_declaration,
     check_layer,
     check_mode,
@@ -24,9 +25,8 @@ from numbakv.checks import (
     check_scale,
     check_shape,
     check_width,
-    default_scale,  # noqa: F401  (numbakv.cache.default_scale, public since 0.1)
 )
-from numbakv.config import CacheConfig, as_int
+from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError, ConfigError, StepError
 from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot

@@ -2,7 +2,7 @@
 
 numba reads `NUMBA_ENABLE_CUDASIM` once, at `import numba`, so this module sets it from
 `NUMBAKV_DEVICE` without importing numba; every module of the device cache that imports
-numba (the njit host table, `_cuda`) imports this one first. `NUMBAKV_DEVICE` picks:
+numba (the njit host table, `cuda`) imports this one first. `NUMBAKV_DEVICE` picks:
 
     auto     a GPU when the CUDA driver reports one, the numba CUDA simulator otherwise
     gpu      a GPU, or ConfigError when there is none

@@ -19,8 +19,8 @@ which is then launched once so that the captured step's outputs exist as after a
 import functools
 from collections.abc import Callable
 
-from numbakv.cache._cuda import IS_SIMULATOR, begin_graph, launch_graph, stream_handle
 from numbakv.cache.bindings import Bindings, check_bindings
+from numbakv.cache.cuda import IS_SIMULATOR, begin_graph, launch_graph, stream_handle
 from numbakv.cache.kernels.launch import is_recording, launch, recording
 from numbakv.errors import StepError
 from numbakv.observe import locked

@@ -4,7 +4,7 @@ in place without a synchronization; and the `out=` array `attend` writes into.""
 
 import numpy as np
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
 

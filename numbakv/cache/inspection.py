@@ -4,8 +4,8 @@ waits for the stream in use)."""
 
 import numpy as np
 
-from numbakv.cache._cuda import device_address
 from numbakv.cache.bindings import Bindings, check_bindings
+from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
 from numbakv.checks import check_layer
 from numbakv.observe import locked

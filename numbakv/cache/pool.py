@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from numbakv.cache._cuda import DRIVER_ERRORS, cuda
+from numbakv.cache.cuda import DRIVER_ERRORS, cuda
 from numbakv.cache.kernels import storage
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError

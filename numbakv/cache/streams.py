@@ -11,8 +11,8 @@ its own, which orders the work the same way.
 
 import operator
 
-from numbakv.cache._cuda import IS_SIMULATOR, STREAM_TYPE, cuda, ordering_event
-from numbakv.config import short_repr
+from numbakv.cache.cuda import IS_SIMULATOR, STREAM_TYPE, cuda, ordering_event
+from numbakv.checks import short_repr
 from numbakv.errors import StepError
 
 

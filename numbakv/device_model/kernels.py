@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.step_buffer import POSITIONS, STEP
 from numbakv.device_model.tiles import (

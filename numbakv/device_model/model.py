@@ -19,18 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.cache import CellCache
-from numbakv.cache._cuda import cuda, is_done, ordering_event
+from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.launch import launch, launch_dims
-from numbakv.config import CacheConfig, as_int
+from numbakv.checks import as_int, check_geometry, token_ids
+from numbakv.config import CacheConfig
 from numbakv.device_model import kernels
 from numbakv.device_model.kernels import LIVE, ROWS, TOKENS
 from numbakv.device_model.tiles import tile_grid
 from numbakv.device_model.weights import DeviceWeights, upload
 from numbakv.errors import ConfigError, StepError
-from numbakv.serve._guards import token_ids
-from numbakv.serve.model import Model, ModelConfig, check_rows
-
-GEOMETRY = ("n_layers", "n_kv_heads", "head_dim", "windows")  # what model and cache share
+from numbakv.serve.model import Model, check_rows
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,7 @@ class DeviceModel:
         if not isinstance(cache_config, CacheConfig):
             raise ConfigError(f"expected a CacheConfig, got {cache_config!r}")
         cfg = model.config
-        _check_geometry(cfg, cache_config)
+        check_geometry(cfg, cache_config)
         self.model, self.config, self.cache_config = model, cfg, cache_config
         width, d, hd = cache_config.max_width, cfg.d_model, cfg.head_dim
         self._eps = np.float32(cfg.norm_eps)
@@ -214,7 +212,7 @@ class DeviceModel:
             raise ConfigError(
                 f"a DeviceModel runs on a device cache (numbakv.cache.CellCache), got {cache!r}"
             )
-        _check_geometry(self.config, cache.config)
+        check_geometry(self.config, cache.config)
         for name in ("max_width", "max_seq_len"):
             have, need = getattr(self.cache_config, name), getattr(cache.config, name)
             if need > have:
@@ -222,15 +220,3 @@ class DeviceModel:
                     f"the cache's {name}={need} exceeds this DeviceModel's {name}={have}; "
                     "build the DeviceModel with the cache's config"
                 )
-
-
-def _check_geometry(config: ModelConfig, cache_config: CacheConfig) -> None:
-    """ConfigError naming the first of n_layers, n_kv_heads, head_dim, windows in which the
-    model and the cache config differ."""
-    for name in GEOMETRY:
-        model_value, cache_value = getattr(config, name), getattr(cache_config, name)
-        if model_value != cache_value:
-            raise ConfigError(
-                f"the model's {name}={model_value!r} differs from the cache config's "
-                f"{name}={cache_value!r}; build the cache with model.config.cache_config(...)"
-            )

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import device_function
 from numbakv.cache.kernels.launch import BLOCKS_PER_SM, MAX_GRID_YZ, n_sms
 

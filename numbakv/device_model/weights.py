@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.serve.model import Model, ModelConfig
 
 

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbakv.config import int_at_least
+from numbakv.checks import int_at_least, token_ids
 from numbakv.errors import StepError
-from numbakv.serve._guards import token_ids
 from numbakv.serve.sampling import Sampling
 
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from numbakv.config import as_int
+from numbakv.checks import as_int
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
 from numbakv.serve.events import Annotate, Notes, call_back, check_not_in_callbacks

@@ -49,7 +49,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.config import CacheConfig, as_int, int_at_least
+from numbakv.checks import as_int, check_geometry, int_at_least
+from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
 from numbakv.observe import locked
 from numbakv.serve.batch import Input, Output, checked_inputs
@@ -97,14 +98,7 @@ class Executor:
         config = getattr(cache, "config", None)
         if not isinstance(config, CacheConfig):
             raise ConfigError(f"expected a cell cache (reference or device), got {cache!r}")
-        mc = model.config
-        geometry = (mc.n_layers, mc.n_kv_heads, mc.head_dim, mc.windows)
-        cache_geometry = (config.n_layers, config.n_kv_heads, config.head_dim, config.windows)
-        if geometry != cache_geometry:
-            raise ConfigError(
-                f"the model has (layers, kv heads, head_dim, windows) {geometry}, the cache "
-                f"{cache_geometry}; build the cache with model.config.cache_config(...)"
-            )
+        check_geometry(model.config, config)
         if cache.live_seqs:
             raise ConfigError(f"the cache holds sequences {cache.live_seqs}; give an empty one")
         self.max_sessions = int_at_least("max_sessions", max_sessions, 1)

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from numbakv.checks import as_host
-from numbakv.config import CacheConfig, int_at_least
+from numbakv.checks import as_host, int_at_least, real, token_ids
+from numbakv.config import CacheConfig
 from numbakv.errors import ConfigError, StepError
-from numbakv.serve._guards import real, token_ids
 
 # re-exported for code of numbakv 0.1 (`from numbakv.model import decode`); see tokenizer
 from numbakv.serve.tokenizer import VOCAB_SIZE as VOCAB_SIZE

@@ -9,9 +9,8 @@ from typing import Literal
 
 import numpy as np
 
-from numbakv.config import as_int, int_at_least
+from numbakv.checks import as_int, int_at_least, token_ids
 from numbakv.errors import CapacityError, ConfigError
-from numbakv.serve._guards import token_ids
 from numbakv.serve.graphs import ForwardCounts
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import Sampling, check_sampling

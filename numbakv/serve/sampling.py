@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.config import int_at_least
+from numbakv.checks import int_at_least, real
 from numbakv.errors import ConfigError
-from numbakv.serve._guards import real
 
 
 @dataclass(frozen=True)

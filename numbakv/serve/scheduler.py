@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from numbakv.config import int_at_least
+from numbakv.checks import int_at_least
 from numbakv.errors import ConfigError
 
 Kind = Literal["decode", "prefill"]

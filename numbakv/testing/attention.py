@@ -31,17 +31,13 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from numbakv.config import TOLERANCE
 from numbakv.reference import solo_attention
 
 Layout = Literal["cells", "paged"]
 MODES = ("decode", "prefill", "mixed")
 WINDOWS = ("global", "W=1", "W=len", "W=len-1", "W=len+1", "random")
-# Absolute tolerance = TOLERANCE[dtype] * max(1, max |V|); the output is a convex combination
-# of V. float32: 1e-5 is ~170 ulps, room for any summation order, online-softmax rescaling,
-# fast exp (NumPy kernels land at ~4e-7). float16: the oracle reads the same rounded K/V, but
-# a kernel may round q and the softmax weights to float16 for fp16 matmuls, and its output
-# (unit roundoff 4.9e-4): such a kernel lands at ~4e-4 (head_dim 32-256), 5x inside 2e-3.
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3}
+DTYPES = ("float32", "float16")  # the K/V dtypes of the cases
 
 
 @dataclass(frozen=True)
@@ -174,8 +170,8 @@ def attention_cases(
         raise ValueError(f"layout must be 'cells' or 'paged', not {layout!r}")
     if min(block_size, n_cases, head_dim, *gqa, 1 if gqa and dtypes and modes else 0) < 1:
         raise ValueError("need positive block_size, n_cases, head_dim, gqa; non-empty lists")
-    if bad := [d for d in dtypes if d not in TOLERANCE] + [m for m in modes if m not in MODES]:
-        raise ValueError(f"unknown {bad}: dtypes from {list(TOLERANCE)}, modes from {MODES}")
+    if bad := [d for d in dtypes if d not in DTYPES] + [m for m in modes if m not in MODES]:
+        raise ValueError(f"unknown {bad}: dtypes from {list(DTYPES)}, modes from {MODES}")
     rng = np.random.default_rng(seed)
     lengths = sorted({n for n in (1, 2, block_size - 1, block_size, block_size + 1) if n >= 1})
     lengths += [2 * block_size, 2 * block_size + 1, 3 * block_size - 1]
@@ -373,7 +369,9 @@ def check_attention(
                  queries ending at the sequence's end), "mixed" (each sequence either)
     padding    : cells only: some cases end with padded rows (seq_id -1), which must give 0
     tolerance  : the absolute tolerance as a fraction of max(1, max |V|); by default
-                 `TOLERANCE[dtype]` (1e-5 for float32, 2e-3 for float16)
+                 `numbakv.config.TOLERANCE[dtype]` (1e-5 for float32, 2e-3 for float16: a
+                 kernel may compute in its K/V's precision; the output is a convex
+                 combination of V)
 
     Raises AssertionError at the first case with a token past tolerance (a NaN or inf where
     the oracle is finite counts), naming the case, the worst token, expected and got.

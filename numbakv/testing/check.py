@@ -90,6 +90,7 @@ def check_cache(
     max_examples: int = 100,
     max_ops: int = 30,
     seed: int | None = None,
+    tolerance: float | None = None,
 ) -> None:
     """Holds `factory(config)` (a `CacheUnderTest`) to the reference on random workloads.
 
@@ -100,6 +101,7 @@ def check_cache(
                    around the history, float32 and float16, growth, full caches)
     max_examples : workloads to run, each of 1 to `max_ops` ops
     seed         : fixes hypothesis's draws (None: derandomized, the same every run)
+    tolerance    : of attention outputs (see `run_script`); default by the storage dtype
 
     Returns when every workload agreed; otherwise raises `Divergence` (an AssertionError)
     whose message holds the shrunk op script, the config and the first difference.
@@ -119,7 +121,7 @@ def check_cache(
     @hypothesis.given(st.data())
     def workloads(data) -> None:
         config = configs[data.draw(which, label="config")]
-        runner = Runner(factory, config, compare)
+        runner = Runner(factory, config, compare, tolerance=tolerance)
         for code in data.draw(codes, label="ops"):
             runner.run(decode(code, runner.reference, config))
 

@@ -1,20 +1,28 @@
 """What "the same as the reference" means after one op (`differences`), for any layout
 (`semantic`) or for a cell layout (`table`). NumPy only."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from numbakv.testing.ops import TOLERANCE, Op
 from numbakv.testing.protocol import SEMANTIC_FIELDS
 
+if TYPE_CHECKING:  # ops runs the ops and reads this module's rules
+    from numbakv.testing.ops import Op
 
-def differences(reference, cache, op: Op, expected, got, compare: str, config) -> str | None:
+
+def differences(reference, cache, op: Op, expected, got, compare: str,
+                tolerance: float) -> str | None:  # fmt: skip
     """The first difference between the reference's (result, error) `expected` and the
-    cache's `got` after `op`, as a sentence; None when they agree."""
+    cache's `got` after `op`, as a sentence; None when they agree (attention outputs within
+    `tolerance`, relative to max(1, the row's largest |value|))."""
     (want, want_error), (have, have_error) = expected, got
     if type(want_error) is not type(have_error):
         return f"the reference {_said(want_error)}, the cache {_said(have_error)}"
     if want_error is None:
-        problem = _results(op, want, have, compare, config)
+        problem = _results(op, want, have, compare, tolerance)
         if problem:
             return problem
     return _state(reference, cache, compare)
@@ -24,7 +32,7 @@ def _said(error) -> str:
     return "returned" if error is None else f"raised {type(error).__name__}({error})"
 
 
-def _results(op: Op, want, have, compare: str, config) -> str | None:
+def _results(op: Op, want, have, compare: str, tolerance: float) -> str | None:
     if op.verb != "step":
         return None if want == have else f"returned {have!r}, the reference {want!r}"
     (step, outs), (their_step, their_outs) = want, have
@@ -38,7 +46,7 @@ def _results(op: Op, want, have, compare: str, config) -> str | None:
             if not np.array_equal(step.mask(window), their_step.mask(window)):
                 return f"step.mask({window}) differs from the reference's"
     for layer, (a, b) in enumerate(zip(outs, their_outs, strict=True)):
-        problem = _attention(layer, a, b, TOLERANCE[config.dtype])
+        problem = _attention(layer, a, b, tolerance)
         if problem:
             return problem
     return None

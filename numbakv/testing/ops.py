@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.checks import as_host
-from numbakv.config import CacheConfig
+from numbakv.config import TOLERANCE, CacheConfig
 from numbakv.errors import CacheError
+from numbakv.testing.compare import differences
 
 COMPARES = ("semantic", "table")
 VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear", "step")
-TOLERANCE = {"float32": 1e-5, "float16": 1e-4, "bfloat16": 1e-3}  # by storage dtype
 
 
 @dataclass(frozen=True)
@@ -89,22 +89,22 @@ class Runner:
     raises `Divergence` at the first difference (see `run_script` for `compare`)."""
 
     def __init__(self, factory: Callable[[CacheConfig], object], config: CacheConfig,
-                 compare: str = "semantic", reference=None):  # fmt: skip
+                 compare: str = "semantic", reference=None,
+                 tolerance: float | None = None):  # fmt: skip
         if compare not in COMPARES:
             raise ValueError(f"compare={compare!r}: give one of {COMPARES}")
         if reference is None:
             from numbakv.reference import CellCache as reference
         self.config, self.compare, self.ops = config, compare, []
+        self.tolerance = TOLERANCE[config.dtype] if tolerance is None else tolerance
         self.reference, self.cache = reference(config), factory(config)
 
     def run(self, op: Op) -> None:
-        from numbakv.testing.compare import differences  # the comparison rules, one module
-
         self.ops.append(op)
         expected = outcome(self.reference, op, self.config)
         got = outcome(self.cache, op, self.config)
         problem = differences(self.reference, self.cache, op, expected, got, self.compare,
-                              self.config)  # fmt: skip
+                              self.tolerance)  # fmt: skip
         if problem:
             i = len(self.ops) - 1
             raise Divergence(_message(problem, self.ops, i, self.config), self.ops, i,
@@ -112,17 +112,20 @@ class Runner:
 
 
 def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
-               ops: Sequence[Op], compare: str = "semantic", reference=None) -> None:  # fmt: skip
+               ops: Sequence[Op], compare: str = "semantic", reference=None,
+               tolerance: float | None = None) -> None:  # fmt: skip
     """Runs `ops` on `factory(config)` and on the reference cache (or `reference`, a factory
     of the oracle), comparing after every op; raises `Divergence` at the first difference.
 
-    compare : "semantic" (any layout): the same refusals (error class), ids, pos of every
-              live id, live ids, cells used, step positions/seq_ids/width/n_tokens, and
-              attention outputs within TOLERANCE of the storage dtype; "table" (cell
-              layouts) adds the snapshot, each step's cells and read_len, and every
-              window's mask.
+    compare   : "semantic" (any layout): the same refusals (error class), ids, pos of every
+                live id, live ids, cells used, step positions/seq_ids/width/n_tokens, and
+                attention outputs within `tolerance`; "table" (cell layouts) adds the
+                snapshot, each step's cells and read_len, and every window's mask.
+    tolerance : of attention outputs, relative to max(1, the row's largest |value|); by
+                default `numbakv.config.TOLERANCE` of the storage dtype (a cache may compute
+                in it); give TOLERANCE["float32"] for a cache that computes in float32
     """
-    runner = Runner(factory, config, compare, reference)
+    runner = Runner(factory, config, compare, reference, tolerance)
     for op in ops:
         runner.run(op)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, host_step
 from numbakv.reference import CacheConfig, CellCache
 

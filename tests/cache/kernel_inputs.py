@@ -5,7 +5,7 @@ reference table as mirror arrays."""
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels.launch import SIM_THREADS, THREADS
 from numbakv.cache.kernels.masks import launch_write_masks
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, host_step

@@ -13,7 +13,7 @@ read `# reference`, `# device`, `# compare`.
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import IS_SIMULATOR
+from numbakv.cache.cuda import IS_SIMULATOR
 from numbakv.cache.kernels.attention import (
     DECODE_MAX_WIDTH,
     DECODE_TILE,
@@ -51,11 +51,11 @@ from attention_cases import (
     step_buffer,
     to_d,
 )
+from helpers import assert_close
 
 # (n_heads, n_kv_heads, head_dim): GQA 1, 2, 4, 8 and head_dim 16, 40, 64, 128
 HEADS = [(2, 2, 16), (4, 2, 40), (4, 1, 64), (8, 1, 128)]
 HEADS_IDS = ["gqa1-d16", "gqa2-d40", "gqa4-d64", "gqa8-d128"]
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-3}  # rtol = atol
 
 
 def seq_cells_of(cache: CellCache, rng) -> np.ndarray:
@@ -109,12 +109,11 @@ def check(case: Case, layer: int, got: np.ndarray) -> None:
     """got against the reference cache's attend and, token by token, the solo oracle."""
     step, cache = case.step, case.cache
     width, window = step.width, cache.config.windows[layer]
-    tol = TOLERANCE[cache.config.dtype]
     # reference
     expect = cache.attend(layer, case.q[:width])
     # compare
     assert np.isfinite(got[:width]).all()
-    np.testing.assert_allclose(got[:width], expect, rtol=tol, atol=tol)
+    assert_close(got[:width], expect)
     assert (got[width:] == SENTINEL).all(), "a row past the width was written"
     for t, (seq, p) in enumerate(zip(step.seq_ids.tolist(), step.positions.tolist(), strict=True)):
         if seq < 0:
@@ -122,7 +121,7 @@ def check(case: Case, layer: int, got: np.ndarray) -> None:
             continue
         k_hist, v_hist = case.history[seq]
         solo = solo_attention(case.q[t : t + 1], k_hist, v_hist, [p], window)
-        np.testing.assert_allclose(got[t], solo[0], rtol=tol, atol=tol)
+        assert_close(got[t], solo[0])
 
 
 # -- every head shape, both storage dtypes, both kernels of each mode ---------------------------
@@ -295,7 +294,7 @@ def check_forced_splits(outs: dict, expect: np.ndarray, lengths: list[int]) -> N
     used, the rest of the n_splits empty: every n_splits on a range of at most
     MIN_SPLIT_CELLS cells (one split), and 3 and MAX_SPLITS on any (at most 3 are filled)."""
     for n_splits, got in outs.items():
-        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=f"x{n_splits}")
+        assert_close(got, expect, f"x{n_splits}")
     for t, length in enumerate(lengths):
         assert fill(length)[1] <= 3
         np.testing.assert_array_equal(outs[MAX_SPLITS][t], outs[3][t], err_msg=f"token {t}")
@@ -393,7 +392,7 @@ def test_gathered_skips_a_cell_id_past_the_pool(kernel):
         to_d(q), to_d(k), to_d(v), to_d(seq_cells), to_d(step), 2, 0, 0.5, out_d, kernel=kernel
     )
     # compare
-    np.testing.assert_allclose(out_d.copy_to_host(), expect, rtol=1e-5, atol=1e-5)
+    assert_close(out_d.copy_to_host(), expect)
 
 
 def test_a_real_token_that_sees_nothing_gives_zero():
@@ -418,7 +417,7 @@ def test_a_real_token_that_sees_nothing_gives_zero():
         got = out_d.copy_to_host()
         # compare
         assert (got[[0, 2]] == 0).all()
-        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
+        assert_close(got, expect)
 
 
 def test_choose_splits_and_the_shape_rule():

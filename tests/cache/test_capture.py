@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import numbakv
-from numbakv.cache._cuda import IS_SIMULATOR, MODE, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda
 from numbakv.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache
 
-from helpers import benchmark_module, full_state
+from helpers import assert_close, benchmark_module, full_state
 
 WIDTH, N_HEADS = 3, 2  # small: each simulated attention launch costs ~0.1 s
 CONFIG = numbakv.CacheConfig(
@@ -116,7 +116,7 @@ def test_replayed_steps_equal_the_eager_run_and_the_reference():
         for layer, mode in enumerate(MODES):
             ref.write(layer, k, v)
             oracle = ref.attend(layer, q, mode=mode)
-            np.testing.assert_allclose(got[layer], oracle, rtol=1e-5, atol=1e-5)
+            assert_close(got[layer], oracle)
         assert replayed.snapshot() == ref.snapshot() == eager.snapshot()
     assert replayed.growth_count >= 2 and captures == len(generations) and replays >= 40
 

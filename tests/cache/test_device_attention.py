@@ -9,13 +9,7 @@ import numbakv
 from numbakv.reference import CellCache as RefCache
 from numbakv.reference import solo_attention
 
-from helpers import as_stored, small_config
-
-TOLERANCE = {
-    "float32": dict(rtol=1e-5, atol=1e-5),
-    "float16": dict(rtol=2e-3, atol=2e-3),
-    "bfloat16": dict(rtol=2e-3, atol=2e-3),
-}
+from helpers import as_stored, assert_close, small_config
 
 
 @settings(max_examples=10)
@@ -76,7 +70,7 @@ def test_both_modes_equal_reference_and_solo(group, head_dim, window, dtype, pla
                 # device
                 got = device.attend(layer, q, mode=mode).copy_to_host()
                 # compare
-                np.testing.assert_allclose(got, expect, **TOLERANCE[dtype], err_msg=mode)
+                assert_close(got, expect, mode)
                 assert not got[len(seq_ids) :].any()  # padding rows give 0
                 for t, seq in enumerate(seq_ids):
                     hist = history[seq][layer]
@@ -84,4 +78,4 @@ def test_both_modes_equal_reference_and_solo(group, head_dim, window, dtype, pla
                         q[t : t + 1], hist[:, 0], hist[:, 1], positions[t : t + 1],
                         cfg.windows[layer],
                     )  # fmt: skip
-                    np.testing.assert_allclose(got[t], solo[0], **TOLERANCE[dtype])
+                    assert_close(got[t], solo[0])

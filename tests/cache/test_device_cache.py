@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import numbakv
-from numbakv.cache._cuda import cuda, device_address
+from numbakv.cache.cuda import cuda, device_address
 from numbakv.cache.kernels.step_buffer import (
     CELLS,
     POSITIONS,
@@ -37,13 +37,7 @@ from numbakv.reference import CellCache as RefCache
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Recorder
 
-from helpers import churn, full_state, small_config, step_with
-
-TOLERANCE = {
-    "float32": dict(rtol=1e-5, atol=1e-5),
-    "float16": dict(rtol=2e-3, atol=2e-3),
-    "bfloat16": dict(rtol=2e-3, atol=2e-3),
-}
+from helpers import assert_close, churn, full_state, small_config, step_with
 
 
 def mirror_snapshot(cache) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +247,7 @@ class DeviceMachine(RuleBasedStateMachine):
             event("attend out=")
         else:
             out = self.device.attend(layer, q, mode=mode)
-        np.testing.assert_allclose(out.copy_to_host(), expect, **TOLERANCE[self.cfg.dtype])
+        assert_close(out.copy_to_host(), expect)
         event(f"attend {mode}")
 
     @precondition(lambda self: self.reference._step is not None)
@@ -396,7 +390,7 @@ def test_poisoned_buffers_do_not_change_results():
         for mode in ("masked", "gathered"):
             got = device.attend(layer, q, mode=mode).copy_to_host()
             assert np.isfinite(got).all() and not got[2:].any()  # padding rows give 0
-            np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=mode)
+            assert_close(got, expect, mode)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -7,7 +7,7 @@ import pytest
 from test_device_cache import ForeignStream, foreign_stream
 
 import numbakv
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import step_buffer
 from numbakv.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache

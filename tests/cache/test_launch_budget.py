@@ -15,7 +15,7 @@ The tests of the counting harness itself come first.
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
 from helpers import benchmark_module
 
@@ -313,7 +313,7 @@ def test_a_second_identical_step_makes_the_same_launches(bench, shape):
 
 def test_reserve_makes_the_workspace_so_the_first_decode_attend_allocates_nothing():
     from numbakv.cache import CellCache
-    from numbakv.cache._cuda import cuda
+    from numbakv.cache.cuda import cuda
     from numbakv.errors import StepError
 
     cfg = budget_bench.build(2).cache.config

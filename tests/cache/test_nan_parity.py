@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.attention import launch_attend_masked
 from numbakv.cache.kernels.step_buffer import host_step
 from numbakv.reference import CellCache as RefCache
 from numbakv.reference.attention import attend_cells
 from numbakv.reference.storage import to_storage
 
-from helpers import small_config
+from helpers import assert_close, small_config
 
 SPECIALS = np.array([np.nan, np.inf, -np.inf], np.float32)
 
@@ -32,7 +32,7 @@ def assert_same_specials(got: np.ndarray, expect: np.ndarray, what: str) -> None
     np.testing.assert_array_equal(np.isposinf(got), np.isposinf(expect), err_msg=f"{what}: +inf")
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(expect), err_msg=f"{what}: -inf")
     finite = np.isfinite(expect)
-    np.testing.assert_allclose(got[finite], expect[finite], rtol=1e-4, atol=1e-5, err_msg=what)
+    assert_close(got[finite], expect[finite], what)
 
 
 # the simulator runs kernels as NumPy scalars, which warn on inf - inf; a GPU does not

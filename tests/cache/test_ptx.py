@@ -58,7 +58,7 @@ COMPILE_ALL = textwrap.dedent(
     import json, re, sys, time
     from pathlib import Path
 
-    from numbakv.cache._cuda import MODE, cuda
+    from numbakv.cache.cuda import MODE, cuda
     from numbakv.cache.kernels import load_all
     import numbakv.device_model.kernels  # registers the device model's kernels
 

@@ -1,11 +1,11 @@
-"""The CUDA simulator as numbakv patches it (`numbakv.cache._cuda`): a block's threads still
+"""The CUDA simulator as numbakv patches it (`numbakv.cache.cuda`): a block's threads still
 meet at every syncthreads, see each other's shared-memory writes, and a thread's exception
 still reaches the launcher, with the block runner waiting instead of spinning."""
 
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
 pytestmark = pytest.mark.skipif(not IS_SIMULATOR, reason="the simulator's block runner")
 THREADS = 8

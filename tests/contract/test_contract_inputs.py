@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.checks import as_host
 from numbakv.errors import StepError
 

@@ -5,7 +5,7 @@ and grids of several blocks on both axes, so that every grid-stride loop turns."
 import numpy as np
 import pytest
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.step_buffer import host_step
 from numbakv.device_model import kernels
 from numbakv.device_model.kernels import LIVE, ROWS, TOKENS

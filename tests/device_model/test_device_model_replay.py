@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from numbakv.cache import CellCache
-from numbakv.cache._cuda import IS_SIMULATOR
+from numbakv.cache.cuda import IS_SIMULATOR
 from numbakv.device_model import DeviceModel
 from numbakv.serve.model import Model, ModelConfig
 

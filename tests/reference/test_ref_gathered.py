@@ -26,9 +26,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from numbakv.checks import default_scale
 from numbakv.reference import CellCache, solo_attention
 from numbakv.reference import step as step_module
-from numbakv.reference.attention import attend_gathered, default_scale
+from numbakv.reference.attention import attend_gathered
 from numbakv.reference.step import window_mask
 
 from helpers import as_stored, churn, small_config, step_with

@@ -3,11 +3,11 @@ it draws: dicts, lists and sets, nothing shared with `reference/`."""
 
 from hypothesis import strategies as st
 
-from numbakv.config import CacheConfig
+from numbakv.config import TOLERANCE, CacheConfig
 
 # global, 1, 2, odd, even, and wider than any history (capacity <= 64)
 WINDOWS = (0, 1, 2, 3, 4, 5, 8, 100)
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = dict(rtol=TOLERANCE["float32"], atol=TOLERANCE["float32"])  # float32 arithmetic
 
 
 @st.composite

@@ -15,7 +15,7 @@ import pytest
 from numbakv.errors import ConfigError, TraceError
 from numbakv.reference import CellCache
 from numbakv.trace import Annotation, Recorder, Trace, load_trace
-from numbakv.trace_file import STEP_EVENT
+from numbakv.trace.file import STEP_EVENT
 
 from helpers import churn, npy, small_config, step_with
 

@@ -11,8 +11,8 @@ import pytest
 from matplotlib.figure import Figure
 
 import numbakv
-from numbakv import demo, trace
-from numbakv.cli import main
+from numbakv import trace
+from numbakv.cli import demo, main
 from numbakv.reference import CellCache
 from numbakv.serve.lockstep import LockstepError
 from numbakv.trace import Recorder

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from numbakv import demo
+from numbakv.cli import demo
 from numbakv.reference import CellCache
 from numbakv.serve.tokenizer import BYTE_TOKENIZER
 from numbakv.trace import load_trace

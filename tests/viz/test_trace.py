@@ -120,7 +120,7 @@ def test_trace_round_trips_through_npz(tmp_path_factory, ops, every_verb):
     assert list(got.snapshots()) == list(expect.snapshots())
     assert got.annotations == expect.annotations
     assert len(got.annotations) == sum(op % 3 == 0 for op in ops)
-    steps = np.arange(len(got.step_frames))
+    steps = np.arange(got.n_steps)
     np.testing.assert_array_equal(got.frame_steps[got.step_frames], steps)  # step k is k
     assert got.frame_steps.tolist() == sorted(got.frame_steps.tolist())
 

@@ -112,7 +112,7 @@ def test_damaged_annotated_traces_are_refused_or_work(annotated_originals, tmp_p
         outcomes["loaded"] += 1
         fuzz.exercise(trace)
         assert sum(trace.annotation_counts().values()) == len(trace.annotations)
-        assert all(0 <= a.step <= len(trace.step_frames) for a in trace.annotations)
+        assert all(0 <= a.step <= trace.n_steps for a in trace.annotations)
         trace.seq_requests(-1)
         if kind != "member":  # the zip's checksums hold: what loads is an original
             assert trace.annotations in (o.trace.annotations, o.other.annotations)

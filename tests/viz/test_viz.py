@@ -80,7 +80,7 @@ def oracle(trace, owners, cells, steps, cell_bin, step_bin):
 def test_timeline_pixels_are_the_trace_binned(annotated, by, cells, steps, cell_bin, step_bin):
     trace = annotated
     owners = owners_of(trace, by)
-    n_cells, n_steps = int(trace.arrays["read_len"].max()), len(trace.step_frames)
+    n_cells, n_steps = int(trace.arrays["read_len"].max()), trace.n_steps
     cells, steps = cells or (0, n_cells), steps or (0, n_steps)
     cells, steps = (cells[0], min(cells[1], n_cells)), (steps[0], min(steps[1], n_steps))
     pixels = owner_pixels(trace, owners, cells, steps, cell_bin, step_bin)
@@ -105,7 +105,7 @@ def test_requests_colour_the_cells_their_sequences_hold(annotated):
 
 
 def test_the_timeline_image_shows_its_pixels(annotated):
-    assert len(annotated.step_frames) > 15
+    assert annotated.n_steps > 15
     fig = plot_timeline(annotated, bin=2, step_bin=3, steps=(1, 15))
     pixels, owners = fig.numbakv["pixels"], fig.numbakv["owners"]
     image = fig.axes[0].images[0].get_array()
@@ -268,7 +268,7 @@ def test_plot_all_has_every_picture_in_one_colouring(annotated):
     assert data["cells"]["owners"] is data["timeline"]["owners"]
     step = annotated.step(annotated.step_frames[3])
     np.testing.assert_array_equal(data["mask"]["pixels"].attended.sum(), step.mask(0).sum())
-    n_steps = len(annotated.step_frames)
+    n_steps = annotated.n_steps
     assert seen[-1] == (n_steps, n_steps) and all(total == n_steps for _, total in seen)
 
 

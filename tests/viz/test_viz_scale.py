@@ -102,7 +102,7 @@ def test_binned_occupancy_keeps_the_true_mean(large_trace):
     trace = large_trace
     fig = plot_timeline(trace)
     pixels = fig.numbakv["pixels"]
-    n_cells, n_steps = int(trace.arrays["read_len"].max()), len(trace.step_frames)
+    n_cells, n_steps = int(trace.arrays["read_len"].max()), trace.n_steps
     assert np.diff(pixels.cell_edges)[0] > 1 and pixels.cell_edges[-1] == n_cells
     used = trace.metrics()["used"][trace.step_frames]
     area = np.outer(np.diff(pixels.step_edges), np.diff(pixels.cell_edges))
@@ -127,7 +127,7 @@ def test_the_movie_is_the_timeline_in_frames(large_trace, tmp_path):
     path = tmp_path / "pool.gif"
     drawn = save_movie(large_trace, path, frames=6, bin=512)
     pixels = drawn["pixels"]
-    n_steps = len(large_trace.step_frames)
+    n_steps = large_trace.n_steps
     np.testing.assert_array_equal(pixels.step_edges, [0, 50, 100, 150, 200, 250, 300])
     true = large_trace.timeline() != -1  # [steps, cells] occupied
     cells = pixels.cell_edges
@@ -146,7 +146,7 @@ def small_trace_path(tmp_path_factory):
     cache = CellCache(small_config(max_seqs=8, capacity=96, initial_cells=8))
     recorder = Recorder(cache)
     churn(cache, list(range(3, 800, 7)))
-    assert len(recorder.trace().step_frames) == 38
+    assert recorder.trace().n_steps == 38
     path = tmp_path_factory.mktemp("trace") / "run.npz"
     recorder.save(path)
     return path
@@ -182,7 +182,7 @@ def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
     zoom = ["--steps", "5:30", "--cells", "8:40", "--bin", "3", "--dpi", "50"]
     assert main(["viz", str(small_trace_path), "--kind", "timeline", "-o", str(out), *zoom]) == 0
     trace = load_trace(small_trace_path)
-    last = len(trace.step_frames) - 1  # the CLI marks --step, by default the last
+    last = trace.n_steps - 1  # the CLI marks --step, by default the last
     fig = plot_timeline(trace, steps=(5, 30), cells=(8, 40), bin=3, dpi=50, mark_step=last)
     fig.savefig(tmp_path / "python.png", dpi=50)
     cli, python = imread(out), imread(tmp_path / "python.png")
@@ -213,7 +213,7 @@ def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
         (["--kind", "metrics", "--bin", "3"], "--bin: it does not apply to --kind metrics"),
         (["--kind", "mask", "--by", "seq"], "--by: it does not apply to --kind mask"),
         (["--kind", "movie", "--step", "3"], "--step: it does not apply to --kind movie"),
-        (["--dpi", "100000"], "more than 600 dots per inch"),
+        (["--dpi", "100000"], "--dpi: 100000 exceeds 600; give --dpi <= 600"),
         (["--bin", "0"], "argument --bin"),
         (["--kind", "movie"], "a movie is written as .gif"),
     ],

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
 # name -> (python function, [signature, ...], jit options)
 REGISTRY: dict[str, tuple[Callable, list, dict]] = {}

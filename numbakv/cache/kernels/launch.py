@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from typing import Protocol
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
 THREADS = 256  # threads per block of the element-wise kernels on a GPU
 SIM_THREADS = 32  # ... in the simulator

@@ -10,7 +10,7 @@ attention, `Step.mask`).
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS, STEP, WIDTH

@@ -8,7 +8,7 @@ rows (cell -1) are skipped, and nothing else is read or written.
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, STEP, WIDTH

@@ -8,7 +8,7 @@ change a length; clear zeroes every length. Each kernel has a launcher, `launch_
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 

@@ -5,7 +5,7 @@ arithmetic, which runs the same on the simulator and on every GPU.
 
 import numpy as np
 
-from numbakv.cache._cuda import float_as_int
+from numbakv.cache.cuda import float_as_int
 from numbakv.cache.kernels import device_function
 
 FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast

@@ -9,7 +9,7 @@ is `clear_table`. Each kernel has a launcher, `launch_<kernel>`, that picks the 
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
 

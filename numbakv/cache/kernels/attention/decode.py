@@ -12,7 +12,7 @@ whose split is empty only marks it empty (l = EMPTY) and moves on. One body, mad
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.attention import tiles, views
 from numbakv.cache.kernels.attention.tiles import (
     DECODE_ROWS,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.cache._cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import storage
 from numbakv.cache.kernels.attention import decode, prefill
 from numbakv.cache.kernels.attention.merge import merge_splits
@@ -296,12 +296,7 @@ def _pick(kernel_name: str | None, width: int, n_heads: int, n_kv_heads: int) ->
 def _partials(workspace, width: int, n_heads: int, head_dim: int, n_splits: int, stream):
     """The decode scratch: `workspace` checked to hold the plan, or a fresh one."""
     if workspace is None:
-        shape = (width, n_heads, n_splits)
-        return (
-            cuda.device_array((*shape, head_dim), np.float32, stream=stream),
-            cuda.device_array(shape, np.float32, stream=stream),
-            cuda.device_array(shape, np.float32, stream=stream),
-        )
+        return split_workspace(width, n_heads, head_dim, n_splits, stream)
     part_acc, part_m, part_l = workspace
     if (
         part_acc.shape[0] < width

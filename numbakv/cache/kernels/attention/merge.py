@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import kernel
 from numbakv.cache.kernels.attention.tiles import (
     EMPTY,

@@ -11,7 +11,7 @@ memory ~34 KB.
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function
 from numbakv.cache.kernels.attention import tiles, views
 from numbakv.cache.kernels.attention.tiles import (

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda, int_as_float
+from numbakv.cache.cuda import cuda, int_as_float
 from numbakv.cache.kernels import device_function, storage
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from numbakv.cache._cuda import cuda
+from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function, kernel
 from numbakv.cache.kernels.attention.tiles import (
     HI,

@@ -13,27 +13,24 @@ occupancy map at the busiest forward, each request's cells in its letter (a, b, 
 submission order, as the summary table letters them), the table and how the forwards ran.
 """
 
+import argparse
 import itertools
-import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from numbakv.cache import CellCache, device_info
-from numbakv.device_model import DeviceModel
+from numbakv.checks import as_int, int_at_least, new_file
+from numbakv.cli.args import CHECK, fail, integer, output_file
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
-from numbakv.serve.lockstep import Lockstep
+from numbakv.serve.lockstep import Lockstep, LockstepError
 from numbakv.serve.model import Model, ModelConfig
 from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
 from numbakv.trace import Recorder, Trace
-from numbakv.viz import render_text
-from numbakv.viz.text import SEQ_CHARS
 
 MODEL = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
 CACHE = dict(capacity=512, max_width=16, max_seqs=8, initial_cells=16, dtype="float16")
@@ -91,6 +88,9 @@ def run(
     ValueError, before any work, for a bad argument (`check_arguments`).
     """
     check_arguments(seed, columns, trace_path)
+    from numbakv.cache import CellCache, device_info  # the device: numba, imported to run
+    from numbakv.device_model import DeviceModel
+
     model = Model.from_seed(MODEL, seed)
     cache = CellCache(MODEL.cache_config(**CACHE))
     device = Executor(DeviceModel(model, cache.config), cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
@@ -127,23 +127,43 @@ def check_arguments(seed: int, columns: int, trace_path: str | None) -> None:
     """Raises TypeError or ValueError naming the first argument of `run` that is wrong: a
     seed below 0, columns below 1, a trace path not ending in .npz or in a missing folder."""
     for name, value, least in (("seed", seed, 0), ("columns", columns, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-        if value < least:
-            raise ValueError(f"{name}={value} is below {least}; give {name} >= {least}")
-    if trace_path is None:
-        return
-    path = Path(trace_path)
-    if path.suffix != ".npz":
-        raise ValueError(f"trace_path={trace_path!r} does not end in .npz; give e.g. run.npz")
-    if not path.parent.is_dir():
-        raise ValueError(
-            f"trace_path={trace_path!r}: folder {path.parent} does not exist; create it first"
-        )
+        int_at_least(name, as_int(name, value, TypeError), least, ValueError)
+    if trace_path is not None:
+        new_file(trace_path, ".npz", ValueError)
+
+
+def add_command(commands) -> None:
+    """Adds the `demo` command to the `numbakv` subcommands."""
+    demo = commands.add_parser(
+        "demo", help="serve a mixed workload on the device, checked against the reference"
+    )
+    demo.add_argument("--seed", type=integer("--seed", 0), default=0, help="weights' seed (0)")
+    demo.add_argument("--columns", type=integer("--columns", 1), default=64,
+                      help="cells per map line")  # fmt: skip
+    demo.add_argument("--trace", type=output_file(".npz"), metavar="FILE.npz",
+                      help="save the table per forward")  # fmt: skip
+    demo.set_defaults(run=run_command, parser=demo)
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`numbakv demo`: `run` with the parsed arguments; exit 1 for a disagreement with the
+    reference or a trace that cannot be written."""
+    trace = None if args.trace is None else str(args.trace)
+    try:
+        run(seed=args.seed, columns=args.columns, trace_path=trace)
+    except LockstepError as error:
+        return fail(parser, f"the device path disagrees with the reference: {error}")
+    except OSError as error:
+        if trace is None:
+            raise
+        return fail(parser, f"cannot write the trace {trace} ({error.strerror or error}); {CHECK}")
+    return 0
 
 
 def letter(request: int) -> str:
     """The letter the demo draws request `request` with: a, b, c … in submission order."""
+    from numbakv.viz.text import SEQ_CHARS
+
     return SEQ_CHARS[request]
 
 
@@ -153,6 +173,8 @@ def map_labels(trace: Trace, frame: int) -> dict[int, str]:
 
 
 def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None]) -> None:
+    from numbakv.viz import render_text  # matplotlib: imported to draw
+
     engine, trace = report.engine, report.trace
     metrics = trace.metrics()
     busiest = int(np.argmax(metrics["used"][trace.step_frames]))  # `numbakv viz --step` of it
@@ -180,7 +202,7 @@ def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None])
         )
     lockstep = report.lockstep
     print_fn(
-        f"\n{engine.n_steps} steps ({len(trace.step_frames)} forwards), {n_generated} tokens "
+        f"\n{engine.n_steps} steps ({trace.n_steps} forwards), {n_generated} tokens "
         f"generated in {report.seconds:.1f} s ({n_generated / report.seconds:.1f} tokens/s)\n"
         f"peak {metrics['used'].max()} cells used, peak read_len {metrics['read_len'].max()}, "
         f"{cache.rows} rows allocated after {cache.growth_count} growths\n"

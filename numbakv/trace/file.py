@@ -1,4 +1,5 @@
-"""The `.npz` trace file: its arrays, and reading one without trusting it (numba-free).
+"""The `.npz` trace file: its arrays, writing one, and reading one without trusting it
+(numba-free).
 
 A trace file is a zip of `.npy` members: `header.npy` (a JSON string: the format and the
 cache's config), one member per entry of ARRAYS and, from format 2 on, `annotations.npy`
@@ -9,10 +10,11 @@ another file type, an encrypted member or a compression method other than stored
 a member that would expand past deflate's limit, an `.npy` header whose shape needs more
 (or fewer) bytes than the member holds, a dtype other than the expected one (object
 dtypes, i.e. pickles, included), text that is not UTF-32 or not strict JSON.
-`numbakv.trace_checks` then holds the arrays to the cell table's invariants and the
+`numbakv.trace.checks` then holds the arrays to the cell table's invariants and the
 annotations to theirs.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -62,6 +64,15 @@ ZIP_ERRORS = (
 # what numpy's .npy header parser raises on a damaged header (tokenize: its Python 2 fallback)
 HEADER_ERRORS = (ValueError, TypeError, KeyError, SyntaxError, RecursionError, tokenize.TokenError)
 ADVICE = "record it again (Recorder.save or `numbakv demo --trace`)"
+
+
+def write_trace_file(path, config: CacheConfig, arrays: dict[str, np.ndarray],
+                     annotations: list[dict]) -> None:  # fmt: skip
+    """Writes one compressed `.npz` of FORMAT: the header (format and config), `arrays` (those
+    of ARRAYS) and `annotations` (`{"frame", "kind", "data"}` dicts, strict JSON)."""
+    header = json.dumps({"format": FORMAT, "config": dataclasses.asdict(config)})
+    text = np.array(json.dumps(annotations, allow_nan=False))
+    np.savez_compressed(path, header=np.array(header), annotations=text, **arrays)
 
 
 def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray], object]:

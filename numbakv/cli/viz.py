@@ -1,11 +1,10 @@
 """`numbakv viz`: the pictures of a trace, zoomed and binned from the command line."""
 
 import argparse
-import re
 import shutil
 from pathlib import Path
 
-from numbakv.cli import CHECK, fail, int_at_least, new_file, trace_input
+from numbakv.cli.args import CHECK, fail, input_file, integer, output_file, span
 
 KINDS = ("all", "cells", "timeline", "metrics", "mask", "locality", "movie")
 ONE_STEP = ("cells", "mask")  # pictures of the step --step names: --steps does not apply
@@ -13,14 +12,14 @@ NO_CELLS = ("metrics", "locality")  # pictures of figures per step: --cells and 
 NO_OWNERS = ("mask", "metrics", "locality")  # pictures without owners' colours: no --by
 
 
-def add_viz(commands) -> None:
+def add_command(commands) -> None:
     """Adds the `viz` command to the `numbakv` subcommands."""
     viz = commands.add_parser("viz", help="draw a trace saved by `numbakv demo --trace`")
-    viz.add_argument("trace", type=trace_input, metavar="TRACE", help="a .npz trace")
+    viz.add_argument("trace", type=input_file, metavar="TRACE", help="a .npz trace")
     viz.add_argument(
         "-o",
         "--output",
-        type=new_file,
+        type=output_file(),
         metavar="FILE",
         required=True,
         help="image to write; its extension picks the format (.png, .pdf, .svg, ...; "
@@ -28,43 +27,27 @@ def add_viz(commands) -> None:
     )
     viz.add_argument("--kind", choices=KINDS, default="all", help="which picture (default all)")
     viz.add_argument("--step", type=int, help="recorded step to show (default the last)")
-    viz.add_argument("--window", type=int_at_least(0), help="mask window (default the smallest)")
-    viz.add_argument("--cells", type=cell_range, metavar="A:B", help="only cells [A, B)")
-    viz.add_argument("--steps", type=cell_range, metavar="A:B", help="only recorded steps [A, B)")
+    viz.add_argument(
+        "--window", type=integer("--window", 0), help="mask window (default the smallest)"
+    )
+    viz.add_argument("--cells", type=span, metavar="A:B", help="only cells [A, B)")
+    viz.add_argument("--steps", type=span, metavar="A:B", help="only recorded steps [A, B)")
     viz.add_argument(
         "--bin",
-        type=int_at_least(1),
+        type=integer("--bin", 1),
         metavar="N",
         help="cells per pixel column (default: what fits; a big pool is drawn in blocks)",
     )
-    viz.add_argument("--dpi", type=dpi, default=100, help="pixels per inch, 10 to 600 (100)")
+    viz.add_argument(
+        "--dpi", type=integer("--dpi", 10, 600), default=100, help="pixels per inch (10-600)"
+    )
     viz.add_argument(
         "--by",
         choices=("request", "seq"),
         help="colour cells by request (default when the trace's annotations name requests) "
         "or by sequence",
     )
-    viz.set_defaults(run=_viz, parser=viz)
-
-
-def dpi(text: str) -> int:
-    """An argparse type: an int from 10 to 600 (a figure is 10 x 6 inches and more)."""
-    value = int_at_least(10)(text)
-    if value > 600:
-        raise argparse.ArgumentTypeError(f"{text} is more than 600 dots per inch; give 10-600")
-    return value
-
-
-def cell_range(text: str) -> tuple[int, int | None]:
-    """An argparse type for --cells and --steps: "A:B" (0 <= A < B), "A:" (to the end) or
-    ":B", as (A, B or None)."""
-    match = re.fullmatch(r"\s*(\d*)\s*:\s*(\d*)\s*", text)
-    if not match or not any(match.groups()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a range; give A:B, A: or :B")
-    lo, hi = int(match[1] or 0), int(match[2]) if match[2] else None
-    if hi is not None and hi <= lo:
-        raise argparse.ArgumentTypeError(f"{text!r} is empty; give A:B with A < B")
-    return lo, hi
+    viz.set_defaults(run=run, parser=viz)
 
 
 def _check_output(path: Path, kind: str) -> str | None:
@@ -84,7 +67,7 @@ def _check_output(path: Path, kind: str) -> str | None:
     return None
 
 
-def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from numbakv.errors import TraceError
     from numbakv.trace import load_trace
 
@@ -106,7 +89,7 @@ def _viz(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         trace = load_trace(args.trace)
     except TraceError as error:
         return fail(parser, str(error))
-    n_steps = len(trace.step_frames)
+    n_steps = trace.n_steps
     if n_steps == 0:
         return fail(parser, f"{args.trace} records no step, so there is nothing to draw")
     step = n_steps - 1 if args.step is None else args.step

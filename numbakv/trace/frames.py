@@ -1,32 +1,27 @@
-"""Recording the cell table over a workload, and the `.npz` trace that keeps it (numba-free).
+"""`Trace`: the frames of a recorded workload, replayed as `Snapshot`s, with the figures the
+plots draw; `load_trace` reads one back from its file (numba-free).
 
-A `Recorder` listens to a cache (either implementation) through its observer hook and
-keeps one frame per step (or per verb): the cells that changed since the previous
-frame, `read_len`, the pool's rows, the live ids and the step's tokens; `annotate` adds
-events of the caller's own (an engine's admissions and finishes) between the frames. A
-`Trace` replays the frames as `Snapshot`s and derives the figures the plots draw.
-
-`load_trace` trusts nothing in the file: `numbakv.trace_file` reads it (refusing, before
-allocating, what `save` never writes) and `numbakv.trace_checks` holds the arrays to the
+A frame holds the cells that changed since the one before, `read_len`, the pool's rows,
+the live ids and, after a `prepare_step`, the step's tokens (`numbakv.trace.file.ARRAYS`).
+`load_trace` trusts nothing in the file: `numbakv.trace.file` reads it (refusing, before
+allocating, what `save` never writes) and `numbakv.trace.checks` holds the arrays to the
 cell table's invariants, so every accessor of a trace that loads works; anything else is
 a TraceError naming the reason.
 """
 
-import dataclasses
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv import trace_scan
 from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError, TraceError
+from numbakv.errors import TraceError
 from numbakv.reference.step import window_mask
 from numbakv.snapshot import FREE, Snapshot
-from numbakv.trace_checks import annotation_problem, annotation_records, check_arrays, plain_data
-from numbakv.trace_file import ARRAYS, FORMAT, FRAME_EVENTS, STEP_EVENT, read_trace_file
+from numbakv.trace import scan
+from numbakv.trace.checks import annotation_records, check_arrays, plain_data
+from numbakv.trace.file import FRAME_EVENTS, STEP_EVENT, read_trace_file, write_trace_file
 
 
 @dataclass(frozen=True)
@@ -77,10 +72,10 @@ class Trace:
     def __init__(
         self, config: CacheConfig, arrays: dict[str, np.ndarray], annotations: object = ()
     ):
-        """`arrays`: the arrays of `numbakv.trace_file.ARRAYS`; `annotations`: a list (or
+        """`arrays`: the arrays of `numbakv.trace.file.ARRAYS`; `annotations`: a list (or
         tuple) of `{"frame": int, "kind": str, "data": dict}` in recording order (as saved;
         copied in). TraceError unless they are a consistent trace of `config`
-        (`numbakv.trace_checks`)."""
+        (`numbakv.trace.checks`)."""
         check_arrays(config, arrays)
         self.config = config
         self.arrays = arrays
@@ -89,6 +84,11 @@ class Trace:
     @property
     def n_frames(self) -> int:
         return len(self.arrays["events"])
+
+    @property
+    def n_steps(self) -> int:
+        """The recorded steps: the frames that follow a `prepare_step`."""
+        return int(np.count_nonzero(self.arrays["events"] == STEP_EVENT))
 
     @property
     def events(self) -> list[str]:
@@ -131,7 +131,7 @@ class Trace:
     def seq_requests(self, frame: int) -> dict[int, int]:
         """{sequence id: request id} at `frame`: what the bindings before it say."""
         n_frames, max_seqs = self.n_frames, self.config.max_seqs
-        row = trace_scan.request_table(self.seq_bindings(), n_frames, max_seqs)[frame]
+        row = scan.request_table(self.seq_bindings(), n_frames, max_seqs)[frame]
         return {seq: request for seq, request in enumerate(row.tolist()) if request >= 0}
 
     def seq_bindings(self) -> np.ndarray:
@@ -179,7 +179,7 @@ class Trace:
         frame = range(self.n_frames)[frame]
         a = self.arrays
         read_len = int(a["read_len"][frame])
-        last = trace_scan.last_changes(a, frame)
+        last = scan.last_changes(a, frame)
         last = last[a["delta_cells"][last] < read_len]  # cells past read_len are free now
         pos = np.full(read_len, -1, dtype=np.int32)
         owners = np.zeros((read_len, self.config.n_owner_words), dtype=np.uint64)
@@ -215,7 +215,7 @@ class Trace:
         growth        : True where the pool grew (or was first allocated)
         largest_free  : the longest run of free cells among the allocated rows
         """
-        used, held = trace_scan.used_and_held(self.arrays)
+        used, held = scan.used_and_held(self.arrays)
         read_len = self.arrays["read_len"].astype(np.int64)
         rows = self.arrays["rows"].astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -228,7 +228,7 @@ class Trace:
             "fragmentation": fragmentation,
             "width": self.widths,
             "growth": np.diff(rows, prepend=0) > 0,
-            "largest_free": trace_scan.largest_free_run(self.arrays),
+            "largest_free": scan.largest_free_run(self.arrays),
         }
 
     def timeline(self, frames=None) -> np.ndarray:
@@ -242,118 +242,19 @@ class Trace:
         frames = np.array([range(self.n_frames)[f] for f in frames.tolist()], dtype=np.int64)
         n_cells = int(self.arrays["read_len"].max(initial=0))
         out = np.full((len(frames), n_cells), FREE, dtype=np.int32)
-        for f, codes, _ in trace_scan.replay_codes(self.arrays, n_cells):
+        for f, codes, _ in scan.replay_codes(self.arrays, n_cells):
             out[frames == f] = codes  # each row asking for frame f, repeats included
         return out
 
     def save(self, path) -> None:
-        """Writes the trace to one compressed `.npz` file (`numbakv.trace_file`)."""
-        header = json.dumps({"format": FORMAT, "config": dataclasses.asdict(self.config)})
-        annotations = np.array(json.dumps(self._annotations, allow_nan=False))
-        np.savez_compressed(path, header=np.array(header), annotations=annotations, **self.arrays)
-
-
-class Recorder:
-    """Records a cache's table after every step (and every verb with `every_verb=True`).
-
-    >>> recorder = Recorder(cache)      # frame 0: the table now
-    >>> ...                             # run the workload
-    >>> recorder.annotate("admit", request=0, seqs=[0])   # an event between frames
-    >>> recorder.save("run.npz")        # load_trace("run.npz") gives it back
-
-    Each frame stores only the cells that changed since the one before, so a decode
-    step of n sequences costs O(n) bytes; the comparison costs O(read_len) time.
-    """
-
-    def __init__(self, cache, every_verb: bool = False):
-        self.config: CacheConfig = cache.config
-        self.every_verb = every_verb
-        self._cache = cache
-        self._pos = np.zeros(0, dtype=np.int32)
-        self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
-        self._columns: dict[str, list] = {name: [] for name in ARRAYS}
-        self._annotations: list[dict] = []
-        self._record(cache, "start", None)
-        cache.add_observer(self._on_event)
-
-    def close(self) -> None:
-        """Stops recording; frames so far stay."""
-        self._cache.remove_observer(self._on_event)
-
-    def annotate(self, kind: str, **data) -> None:
-        """Attaches an event to the trace now: after the frames recorded so far (its `frame`
-        is the last of them), so it belongs to the step it leads into (`Trace.frame_steps`).
-        It touches neither the cache nor the frames. An engine takes this method as its
-        `annotate` hook (`Engine(..., annotate=recorder.annotate)`).
-
-        kind : 1 to 64 ASCII letters, digits or underscores, not starting with a digit,
-               e.g. "admit", "finish", "growth" or one of your own
-        data : keyword arguments of such names, each None, a bool, an int in int64's range,
-               a finite float, a str, or a list or tuple of those (stored as a list);
-               numpy scalars count as the Python values they hold
-
-        Refused with ConfigError naming the bad value, and nothing recorded, otherwise.
-        """
-        data = {key: _python(value) for key, value in data.items()}
-        problem = annotation_problem(kind, data)
-        if problem is not None:
-            raise ConfigError(f"{problem}; nothing was recorded")
-        frame = len(self._columns["events"]) - 1
-        self._annotations.append({"frame": frame, "kind": kind, "data": plain_data(data)})
-
-    def _on_event(self, cache, event: str, step) -> None:
-        if step is not None or self.every_verb:
-            self._record(cache, event, step)
-
-    def _record(self, cache, event: str, step) -> None:
-        snap = cache.snapshot()
-        cells, pos, owners = _changes(self._pos, self._owners, snap.pos, snap.owners)
-        self._pos, self._owners = snap.pos, snap.owners
-        c = self._columns
-        c["events"].append(FRAME_EVENTS.index(event))
-        c["read_len"].append(snap.read_len)
-        c["rows"].append(snap.rows)
-        c["live"].append(snap.live)
-        c["delta_cells"].append(cells)
-        c["delta_pos"].append(pos)
-        c["delta_owners"].append(owners)
-        if step is not None:
-            c["step_cells"].append(step.cells)
-            c["step_positions"].append(step.positions)
-            c["step_seq_ids"].append(step.seq_ids)
-        else:
-            c["step_cells"].append(np.zeros(0, np.int32))
-            c["step_positions"].append(np.zeros(0, np.int32))
-            c["step_seq_ids"].append(np.zeros(0, np.int32))
-
-    def trace(self) -> Trace:
-        """The frames recorded so far."""
-        c = self._columns
-        arrays = {
-            "events": np.array(c["events"], dtype=np.uint8),
-            "read_len": np.array(c["read_len"], dtype=np.int32),
-            "rows": np.array(c["rows"], dtype=np.int32),
-            "live": np.array(c["live"], dtype=bool),
-            "delta_offsets": _offsets(c["delta_cells"]),
-            "delta_cells": np.concatenate(c["delta_cells"]).astype(np.int32),
-            "delta_pos": np.concatenate(c["delta_pos"]).astype(np.int32),
-            "delta_owners": np.concatenate(c["delta_owners"]).astype(np.uint64),
-            "step_offsets": _offsets(c["step_cells"]),
-            "step_cells": np.concatenate(c["step_cells"]).astype(np.int32),
-            "step_positions": np.concatenate(c["step_positions"]).astype(np.int32),
-            "step_seq_ids": np.concatenate(c["step_seq_ids"]).astype(np.int32),
-        }
-        return Trace(self.config, arrays, self._annotations)
-
-    def save(self, path) -> None:
-        """Writes the frames recorded so far to one `.npz` file."""
-        self.trace().save(path)
+        """Writes the trace to one compressed `.npz` file (`numbakv.trace.file`)."""
+        write_trace_file(path, self.config, self.arrays, self._annotations)
 
 
 def load_trace(path) -> Trace:
     """Reads a trace written by `Recorder.save`. Raises TraceError, naming the reason, for a
-    missing, damaged, hostile or inconsistent file (`numbakv.trace_file`,
-    `numbakv.trace_checks`); every accessor of a trace that loads works."""
+    missing, damaged, hostile or inconsistent file (`numbakv.trace.file`,
+    `numbakv.trace.checks`); every accessor of a trace that loads works."""
     config, arrays, annotations = read_trace_file(path)
     try:
         return Trace(config, arrays, annotations)
@@ -363,36 +264,6 @@ def load_trace(path) -> Trace:
         ) from None
 
 
-def _changes(old_pos, old_owners, new_pos, new_owners):
-    """(cells int32, their new pos, their new owners): the cells two tables disagree on."""
-    n = max(len(old_pos), len(new_pos))
-
-    def pad(pos, owners):
-        extra = n - len(pos)
-        return (
-            np.concatenate([pos, np.full(extra, -1, np.int32)]),
-            np.concatenate([owners, np.zeros((extra, owners.shape[1]), np.uint64)]),
-        )
-
-    (old_pos, old_owners), (new_pos, new_owners) = (
-        pad(old_pos, old_owners),
-        pad(new_pos, new_owners),
-    )
-    cells = np.flatnonzero((old_pos != new_pos) | (old_owners != new_owners).any(axis=1))
-    return cells.astype(np.int32), new_pos[cells], new_owners[cells]
-
-
-def _python(value: object) -> object:
-    """`value` with numpy scalars (np.int64, np.bool_, np.float32 ...) as Python's own."""
-    if isinstance(value, list | tuple):
-        return [v.item() if isinstance(v, np.generic) else v for v in value]
-    return value.item() if isinstance(value, np.generic) else value
-
-
 def _is_id(value: object) -> bool:
     """True for an int >= 0 that is not a bool: a sequence or request id."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _offsets(chunks: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum([len(chunk) for chunk in chunks])]).astype(np.int64)

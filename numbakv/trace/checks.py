@@ -14,8 +14,8 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
-from numbakv.trace_file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
-from numbakv.trace_scan import change_frames
+from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
+from numbakv.trace.scan import change_frames
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:

@@ -1,0 +1,16 @@
+"""numbakv.trace: a cache's cell table recorded over a workload, and the `.npz` file that
+keeps it (numba-free).
+
+    recorder  `Recorder`: a frame per step (or verb) through the cache's observer hook, and
+              the caller's annotations between frames
+    frames    `Trace`: the frames replayed as `Snapshot`s, the steps, the figures plots
+              draw; `load_trace`
+    file      the file format: its arrays, writing, and reading without trusting the file
+    checks    the invariants a trace's arrays and annotations hold
+    scan      figures computed from the recorded changes, never a table per frame
+"""
+
+from numbakv.trace.frames import Annotation, Trace, TraceStep, load_trace
+from numbakv.trace.recorder import Recorder
+
+__all__ = ["Annotation", "Recorder", "Trace", "TraceStep", "load_trace"]
