@@ -46,8 +46,8 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(name, self)
 
     def create_module(self, spec):
-        # stacklevel 2: warnings skips importlib's frames, so this is the importing line
-        warn(spec.name, MOVED[spec.name], stacklevel=2)
+        # stacklevel 3: this frame, then (warnings skips importlib's) the importing line
+        warn(spec.name, MOVED[spec.name], stacklevel=3)
         module = importlib.import_module(MOVED[spec.name])
         self._specs[module.__name__] = module.__spec__
         return module

@@ -75,18 +75,19 @@ MOVED = textwrap.dedent(
     import json, sys, warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        import numbakv.model, numbakv.serve.model
-        from numbakv.kernels.attention import launch_attend_masked
-        from numbakv.executor import Executor
-        from numbakv.model import decode
-    import numbakv.cache.kernels.attention as attention
-    import numbakv.serve.executor as executor
+        import numbakv.trace_file, numbakv.trace.file
+        from numbakv.trace_scan import replay_codes
+        from numbakv.cli_viz import add_command
+        import numbakv.demo
+    import numbakv.cli.demo, numbakv.cli.viz, numbakv.trace.scan
     print(json.dumps({
-        "same": numbakv.model is numbakv.serve.model
-        and launch_attend_masked is attention.launch_attend_masked
-        and Executor is executor.Executor
-        and sys.modules["numbakv.kernels.attention"] is attention,
+        "same": numbakv.trace_file is numbakv.trace.file
+        and replay_codes is numbakv.trace.scan.replay_codes
+        and add_command is numbakv.cli.viz.add_command
+        and sys.modules["numbakv.demo"] is numbakv.cli.demo
+        and numbakv.trace.file.__spec__.name == "numbakv.trace.file",
         "warnings": [str(w.message) for w in caught if w.category is DeprecationWarning],
+        "lines": [w.lineno for w in caught if w.category is DeprecationWarning],
     }))
     """
 )
@@ -100,15 +101,26 @@ def test_moved_modules_still_import_and_warn(tmp_path):
     result = json.loads(done.stdout)
     assert result["same"]
     assert result["warnings"] == [
-        "numbakv.model moved to numbakv.serve.model; import it from there "
-        "(the old path goes in a later release)",
-        "numbakv.kernels moved to numbakv.cache.kernels; import it from there "
-        "(the old path goes in a later release)",
-        "numbakv.kernels.attention moved to numbakv.cache.kernels.attention; import it from "
-        "there (the old path goes in a later release)",
-        "numbakv.executor moved to numbakv.serve.executor; import it from there "
-        "(the old path goes in a later release)",
+        f"numbakv.{old} is numbakv.{new} since numbakv 0.6; numbakv.{old} goes in 0.7"
+        for old, new in [
+            ("trace_file", "trace.file"),
+            ("trace_scan", "trace.scan"),
+            ("cli_viz", "cli.viz"),
+            ("demo", "cli.demo"),
+        ]
     ]
+    assert result["lines"] == [5, 6, 7, 8]  # each warning names the line that imported
+
+
+@pytest.mark.parametrize(
+    "old", ["numbakv.model", "numbakv.executor", "numbakv.table", "numbakv.kernels.masks"]
+)
+def test_the_paths_of_0_1_are_gone(old, tmp_path):
+    code = f"import {old}"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr, done.stderr
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

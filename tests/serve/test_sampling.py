@@ -1,4 +1,4 @@
-"""`numbakv.sampling`: greedy, temperature, top-k and top-p, one draw per token."""
+"""`numbakv.serve.sampling`: greedy, temperature, top-k and top-p, one draw per token."""
 
 import numpy as np
 import pytest

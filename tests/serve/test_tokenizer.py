@@ -1,8 +1,5 @@
 """`numbakv.serve.tokenizer`: the byte tokenizer, the `Tokenizer` protocol, and the module
-functions `numbakv.serve.model` (and the old `numbakv.model`) still export."""
-
-import importlib
-import warnings
+functions `numbakv.serve.model` still exports."""
 
 import numbakv
 from numbakv.serve import model, tokenizer
@@ -25,10 +22,6 @@ def test_the_module_functions_are_the_byte_tokenizer():
     assert encode(TEXT) == BYTE_TOKENIZER.encode(TEXT)
     assert decode([0xE2, 0x9C, 0x93, 0xC3]) == BYTE_TOKENIZER.decode([0xE2, 0x9C, 0x93, 0xC3])
     assert (model.encode, model.decode) == (tokenizer.encode, tokenizer.decode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("numbakv.model")
-    assert old.decode(old.encode(TEXT)) == TEXT
 
 
 class Letters:
