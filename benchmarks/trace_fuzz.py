@@ -177,7 +177,7 @@ def exercise(trace: Trace) -> None:
     snapshots = list(trace.snapshots())
     for snapshot in snapshots:
         assert len(snapshot.codes) == len(snapshot.n_owners) == snapshot.read_len
-        assert snapshot.live_ids.max(initial=0) < trace.config.max_seqs
+        assert snapshot.live_seqs.max(initial=0) < trace.config.max_seqs
     assert trace.snapshot(-1) == snapshots[-1] and trace.snapshot(0) == snapshots[0]
     assert len(trace.events) == len(trace.widths) == len(snapshots) == trace.n_frames
     for frame in trace.step_frames:

@@ -3,10 +3,12 @@ release with a `DeprecationWarning` naming its new name, and goes in 0.7.
 
 Module paths (`MOVED`): `import numbakv.trace_file` gives the module `numbakv.trace.file`
 itself (the same object), the warning attributed to the line that imported it.
-Attributes (`renamed`): a property that warns, then reads the new attribute.
+Attributes (`renamed`): a property that warns, then reads the new attribute; keywords
+(`renamed_keyword`): a decorator that warns, then passes the keyword under its new name.
 The README's changelog lists them.
 """
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -62,6 +64,22 @@ def install() -> None:
     found by the path finder as a second copy of the new module."""
     if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
         sys.meta_path.insert(0, MovedModules())
+
+
+def renamed_keyword(old: str, new: str, owner: str):
+    """A decorator: calls that pass the keyword `old` warn and pass it as `new`."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            if old in kwargs:
+                warn(f"{owner}({old}=)", f"{owner}({new}=)")
+                kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+
+        return call
+
+    return decorate
 
 
 def renamed(old: str, new: str, owner: str) -> property:

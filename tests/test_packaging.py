@@ -214,3 +214,32 @@ def test_reference_docstrings_run():
 
     result = doctest.testmod(numbakv.reference.cache)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_renamed_attributes_and_keywords_still_work_and_warn():
+    import numpy as np
+
+    from numbakv.reference import CellCache
+    from numbakv.serve.model import Model, ModelConfig
+    from numbakv.serve.requests import Completion, RequestMetrics, TokenEvent
+
+    event = TokenEvent(3, 0, 7, np.zeros(2, np.float32), None)
+    done = Completion(4, [1], [[2]], ["length"], RequestMetrics(None, None, 1, 1))
+    model = Model.from_seed(ModelConfig(d_model=8, n_heads=2, n_kv_heads=1, head_dim=4,
+                                        d_ff=8, windows=(0,)), 0)  # fmt: skip
+    cache = CellCache(model.config.cache_config(capacity=8, max_width=4, max_seqs=1))
+    cache.declare_step([cache.seq_new()] * 2)
+    step = cache.prepare_step()
+    snapshot = cache.snapshot()
+    with pytest.warns(DeprecationWarning, match=r"TokenEvent\.request is TokenEvent\.request_id"):
+        assert event.request == event.request_id == 3
+    with pytest.warns(DeprecationWarning, match=r"Completion\.request is Completion\.request_id"):
+        assert done.request == done.request_id == 4
+    with pytest.warns(DeprecationWarning, match=r"Snapshot\.live_ids is Snapshot\.live_seqs"):
+        assert snapshot.live_ids.tolist() == snapshot.live_seqs.tolist() == [0]
+    with pytest.warns(DeprecationWarning, match=r"Model\.forward\(rows=\) is Model\.forward\("):
+        old = model.forward(cache, step, [1, 2], rows=[1])
+    cache.rewind(0, 0)
+    cache.declare_step([0, 0])
+    step = cache.prepare_step()
+    np.testing.assert_array_equal(old, model.forward(cache, step, [1, 2], logits_at=[1]))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbakv._deprecated import renamed_keyword
 from numbakv.cache import CellCache
 from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.launch import launch, launch_dims
@@ -28,7 +29,7 @@ from numbakv.device_model.kernels import LIVE, ROWS, TOKENS
 from numbakv.device_model.tiles import tile_grid
 from numbakv.device_model.weights import DeviceWeights, upload
 from numbakv.errors import ConfigError, StepError
-from numbakv.serve.model import Model, check_rows
+from numbakv.serve.model import Model, check_logits_at
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,17 @@ class DeviceModel:
         self._n_rows = 0
         self._staged = None  # the last staged step
 
-    def forward(self, cache: CellCache, step, tokens, rows) -> np.ndarray:
-        """[len(rows), vocab_size] float32: the logits of the step's rows `rows`, as
+    @renamed_keyword("rows", "logits_at", "DeviceModel.forward")
+    def forward(self, cache: CellCache, step, tokens, logits_at) -> np.ndarray:
+        """[len(logits_at), vocab_size] float32: the logits after the step's tokens
+        `logits_at`, as
         `Model.forward` (the same contract and refusals); `stage`, `run`, `logits`."""
-        self.stage(cache, step, tokens, rows)
+        self.stage(cache, step, tokens, logits_at)
         self.run(cache, step)
         return self.logits(self._n_rows)
 
-    def stage(self, cache: CellCache, step, tokens, rows) -> None:
+    @renamed_keyword("rows", "logits_at", "DeviceModel.stage")
+    def stage(self, cache: CellCache, step, tokens, logits_at) -> None:
         """Checks `tokens` ([step.width] ints in [0, vocab_size)) and `rows` (at most
         max_width ints in [0, step.width)), reserves the cache's decode workspace and
         copies both into the device inputs, with the count of rows the layers compute (the
@@ -118,7 +122,7 @@ class DeviceModel:
         tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
         if tokens.shape != (width,):
             raise StepError(f"tokens must be [{width}] ints (the step's width), got {tokens}")
-        rows = check_rows(rows, width)
+        rows = check_logits_at(logits_at, width)
         if len(rows) > self.cache_config.max_width:
             raise StepError(
                 f"{len(rows)} rows asked for; a DeviceModel returns at most max_width="

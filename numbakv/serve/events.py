@@ -101,7 +101,7 @@ def call_back(
     Returns {request id: what its callback raised}, in the order they raised."""
     raised: dict[int, BaseException] = {}
     for event in events:
-        r = requests[event.request]
+        r = requests[event.request_id]
         if r.on_token is None or r.id in raised:
             continue
         try:

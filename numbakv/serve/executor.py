@@ -290,10 +290,10 @@ class Executor:
             completed(observed, self.cache.declare_step, sessions)
             step = completed(observed, self.cache.prepare_step, self._graphs.step_width(sessions))
             wanted = np.flatnonzero((ends >= piece.start) & (ends < piece.start + piece.length))
-            rows = ends[wanted] - piece.start
+            logits_at = ends[wanted] - piece.start
             ids = [t for _, t in chunk]
             graphs = self._graphs
-            out[wanted] = graphs.forward(self.model, self.cache, step, sessions, ids, rows)
+            out[wanted] = graphs.forward(self.model, self.cache, step, sessions, ids, logits_at)
         return out
 
     def _check(self, inputs: list[Input]) -> dict[int, int]:

@@ -75,13 +75,13 @@ class DecodeGraphs:
         return self.width if self.is_graphed(sessions) else None
 
     def forward(self, model, cache, step, sessions: list[int], tokens: list[int],
-                rows: np.ndarray) -> np.ndarray:  # fmt: skip
-        """[len(rows), vocab_size] float32: the logits of `rows` of the prepared `step` of
-        `sessions`' `tokens`."""
+                logits_at: np.ndarray) -> np.ndarray:  # fmt: skip
+        """[len(logits_at), vocab_size] float32: the logits after the tokens `logits_at` of
+        the prepared `step` of `sessions`' `tokens`."""
         if not self.is_graphed(sessions):
             self.eager_forwards += 1
-            return model.forward(cache, step, tokens, rows)
-        model.stage(cache, step, list(tokens) + [0] * (step.width - len(tokens)), rows)
+            return model.forward(cache, step, tokens, logits_at)
+        model.stage(cache, step, list(tokens) + [0] * (step.width - len(tokens)), logits_at)
         if self._graph is not None and self._graph.bindings.generation != cache.generation:
             self._graph = None  # the pool grew: this forward runs eagerly, the next captures
         if self._graph is not None:
@@ -94,4 +94,4 @@ class DecodeGraphs:
             model.run(cache, step)
             self._warm = cache.generation
             self.eager_forwards += 1
-        return model.logits(len(rows))
+        return model.logits(len(logits_at))

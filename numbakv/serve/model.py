@@ -9,7 +9,7 @@ default, the byte tokenizer's). float32 throughout; no numba.
     model = Model.from_seed(ModelConfig(), seed=0)
     cache.declare_step([a] * 5)
     step = cache.prepare_step()
-    logits = model.forward(cache, step, encode("hello"), rows=[4])   # [1, vocab_size] float32
+    logits = model.forward(cache, step, encode("hello"), logits_at=[4])  # [1, vocab] float32
 """
 
 from collections.abc import Iterable, Mapping
@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from numbakv._deprecated import renamed_keyword
 from numbakv.checks import as_host, int_at_least, real, token_ids
 from numbakv.config import CacheConfig
 from numbakv.errors import ConfigError, StepError
@@ -152,21 +153,23 @@ class Model:
         config = {f"config.{k}": np.asarray(v) for k, v in asdict(self.config).items()}
         np.savez(path, **config, **self.weights)
 
-    def forward(self, cache, step, tokens, rows) -> np.ndarray:
-        """[len(rows), vocab_size] float32: the logits of the step's rows `rows`.
+    @renamed_keyword("rows", "logits_at", "Model.forward")
+    def forward(self, cache, step, tokens, logits_at) -> np.ndarray:
+        """[len(logits_at), vocab_size] float32: the logits after the step's tokens
+        `logits_at`.
 
         cache  : a cell cache with `step` prepared (reference or device); every layer's K/V
                  of the step is written into it
         step   : the prepared `Step`; its positions drive the rotary embedding
         tokens : [step.width] int in [0, vocab_size), the step's tokens (any valid token on
                  padded rows)
-        rows   : int indices into [0, step.width) whose logits are wanted
+        logits_at : int indices into [0, step.width): the tokens whose logits come back
         """
         cfg, w = self.config, self.weights
         tokens = np.asarray(token_ids("tokens", tokens, cfg.vocab_size, StepError))
         if tokens.shape != (step.width,):
             raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
-        rows = check_rows(rows, step.width)
+        logits_at = check_logits_at(logits_at, step.width)
         cos, sin = self._rotary(np.maximum(step.positions, 0))
         x = w["embed"][tokens]  # [width, d_model]
         for layer in range(cfg.n_layers):
@@ -180,7 +183,7 @@ class Model:
             x = x + attended.reshape(step.width, -1) @ w[p + "wo"]
             h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
             x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
-        x = rms_norm(x[rows], w["final_norm"], cfg.norm_eps)
+        x = rms_norm(x[logits_at], w["final_norm"], cfg.norm_eps)
         return x @ w["lm_head"]
 
     def _heads(self, x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -209,13 +212,13 @@ def _weight(name: str, value, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def check_rows(rows, width: int) -> np.ndarray:
-    """`rows` as an int64 array of indices into [0, width), or StepError."""
-    array = np.asarray(rows)
+def check_logits_at(logits_at, width: int) -> np.ndarray:
+    """`logits_at` as an int64 array of token indices into [0, width), or StepError."""
+    array = np.asarray(logits_at)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise StepError(f"rows must be a list of ints in [0, {width}), got {rows!r}")
+        raise StepError(f"logits_at must be a list of ints in [0, {width}), got {logits_at!r}")
     if array.size and not (array.min() >= 0 and array.max() < width):
-        raise StepError(f"rows {array.tolist()} must lie in [0, step width={width})")
+        raise StepError(f"logits_at {array.tolist()} must lie in [0, step width={width})")
     return array.astype(np.int64)
 
 

@@ -9,6 +9,7 @@ from typing import Literal
 
 import numpy as np
 
+from numbakv._deprecated import renamed
 from numbakv.checks import as_int, int_at_least, token_ids
 from numbakv.errors import CapacityError, ConfigError
 from numbakv.serve.graphs import ForwardCounts
@@ -21,14 +22,16 @@ FinishReason = Literal["length", "stop", "cancelled", "error"]
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """A token sampled for sample `sample` of request `request`, with the [vocab_size] float32
-    logits it was drawn from; `finish_reason` is set on the sample's last token."""
+    """A token sampled for sample `sample` of request `request_id`, with the [vocab_size]
+    float32 logits it was drawn from; `finish_reason` is set on the sample's last token."""
 
-    request: int
+    request_id: int
     sample: int
     token: int
     logits: np.ndarray = field(repr=False)
     finish_reason: FinishReason | None
+
+    request = renamed("request", "request_id", "TokenEvent")
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,13 @@ class EngineMetrics:
 class Completion:
     """A request's result: per sample its tokens and why it ended (None while running)."""
 
-    request: int
+    request_id: int
     prompt: list[int]
     tokens: list[list[int]]
     finish_reasons: list[FinishReason | None]
     metrics: RequestMetrics
+
+    request = renamed("request", "request_id", "Completion")
 
 
 @dataclass

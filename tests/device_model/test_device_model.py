@@ -152,8 +152,8 @@ BAD_INPUTS = [
     ("abcd", [0], "tokens must be"),
     ([1, 2, 3, 4], [4], r"rows \[4\]"),
     ([1, 2, 3, 4], [0, -1], r"rows \[0, -1\]"),
-    ([1, 2, 3, 4], [[0]], "rows must be a list"),
-    ([1, 2, 3, 4], [0.5], "rows must be a list"),
+    ([1, 2, 3, 4], [[0]], "logits_at must be a list"),
+    ([1, 2, 3, 4], [0.5], "logits_at must be a list"),
 ]
 
 

@@ -39,7 +39,7 @@ def run_arrivals(engine: Engine, submissions: list[tuple[int, dict]]) -> dict[in
     for tick in itertools.count():
         for at, kwargs in submissions:
             if at == tick:
-                request = engine.submit(**kwargs, on_token=lambda e: events[e.request].append(e))
+                request = engine.submit(**kwargs, on_token=lambda e: events[e.request_id].append(e))
                 events[request] = []
         if tick >= max(at for at, _ in submissions) and not engine.is_busy:
             return events
@@ -119,13 +119,13 @@ def test_generate_on_the_reference_matches_solo_and_streams_in_order():
     for completion, prompt in zip(done, prompts, strict=True):
         assert completion.prompt == prompt
         assert completion.tokens == [solo_generate(MODEL, prompt, 4)[0]]
-        assert [e.token for e in heard if e.request == completion.request] == completion.tokens[0]
+        assert [e.token for e in heard if e.request_id == completion.request_id] == completion.tokens[0]
     ids = [engine.submit(p, max_new_tokens=3) for p in prompts[:2]]
     streamed = list(engine.stream())
     for request in ids:
-        tokens = [e.token for e in streamed if e.request == request]
+        tokens = [e.token for e in streamed if e.request_id == request]
         assert tokens == engine.result(request).tokens[0]
-        reasons = [e.finish_reason for e in streamed if e.request == request]
+        reasons = [e.finish_reason for e in streamed if e.request_id == request]
         assert reasons == [None, None, "length"]
 
 

@@ -80,7 +80,7 @@ def test_every_sequence_a_step_runs_is_bound_to_its_request(recorded):
     for done in results(engine):
         # each sample feeds every token it sampled but its last; the prompt runs once
         expect = len(done.prompt) + sum(len(tokens) - 1 for tokens in done.tokens)
-        assert rows[done.request] == expect, done.request
+        assert rows[done.request_id] == expect, done.request_id
 
 
 def test_admit_and_fork_bind_each_sample_once(recorded):
@@ -110,7 +110,7 @@ def test_finishes_and_cancels_match_the_results(recorded):
     assert counts["finish"] == len(finishes) == sum(kw.get("n", 1) for _, kw in WORKLOAD)
     for done in results(engine):
         for sample, reason in enumerate(done.finish_reasons):
-            assert finishes[done.request, sample] == reason
+            assert finishes[done.request_id, sample] == reason
     assert [a.data for a in trace.annotations if a.kind == "cancel"] == [{"request": CANCEL[0]}]
     assert "error" not in counts
     cancel = next(a for a in trace.annotations if a.kind == "cancel")

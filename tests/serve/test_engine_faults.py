@@ -172,7 +172,7 @@ def test_stream_yields_the_faulty_step_then_raises_and_resumes():
     streamed += list(itertools.islice(engine.stream(), MAX_STEPS))  # it ends, with the others
     assert not engine.is_busy
     for request in range(3):
-        tokens = [e.token for e in streamed if e.request == request]
+        tokens = [e.token for e in streamed if e.request_id == request]
         assert tokens == engine.result(request).tokens[0]
         assert tokens == expect[request][0][: len(tokens)]
     assert len(streamed) == 2 + 5 + 5
@@ -186,14 +186,14 @@ def test_generate_raises_and_cancels_only_its_own_requests():
 
     def on_token(event):
         heard.append(event)
-        if event.request == 1:
+        if event.request_id == 1:
             raise Boom("request 1")
 
     with pytest.raises(Boom):
         engine.generate(PROMPTS[1:], 5, sampling(1), on_token=on_token)
     assert engine.result(1).finish_reasons == ["error"]
     assert engine.result(2).finish_reasons == ["cancelled"]  # nobody holds its id
-    assert engine.result(2).tokens[0] == [e.token for e in heard if e.request == 2]
+    assert engine.result(2).tokens[0] == [e.token for e in heard if e.request_id == 2]
     assert engine.result(1).tokens == [expect[1][0][:1]]
     assert_consistent(engine)
     assert sorted(engine._running) == [0]  # the outside request goes on

@@ -346,21 +346,21 @@ def test_model_refuses_weights_that_are_not_finite_reals(config, weights, match)
 
 
 @pytest.mark.parametrize(
-    "tokens, rows, match",
+    "tokens, logits_at, match",
     [
         ([True, 1], [0], r"tokens\[0\] must be an integer"),
         ([1.0, 1], [0], r"tokens\[0\] must be an integer"),
-        ([1, 2], [0.5], "rows must be a list of ints"),
-        ([1, 2], [[0]], "rows must be a list of ints"),
+        ([1, 2], [0.5], "logits_at must be a list of ints"),
+        ([1, 2], [[0]], "logits_at must be a list of ints"),
         ([1, 2], [2], r"must lie in \[0, step width=2\)"),
         ([1, 2], [-1], r"must lie in \[0, step width=2\)"),
     ],
 )
-def test_forward_refuses_tokens_and_rows_that_are_not_indices(tokens, rows, match):
+def test_forward_refuses_tokens_and_logits_at_that_are_not_indices(tokens, logits_at, match):
     cache = CellCache(MODEL.config.cache_config(capacity=16, max_width=8, max_seqs=1))
     step = step_with(cache, [cache.seq_new()] * 2)
     with pytest.raises(StepError, match=match):
-        MODEL.forward(cache, step, tokens, rows)
+        MODEL.forward(cache, step, tokens, logits_at)
 
 
 @pytest.mark.parametrize(

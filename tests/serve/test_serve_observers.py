@@ -204,7 +204,7 @@ def test_stream_yields_the_step_then_raises_the_observers_error():
     streamed += list(itertools.islice(engine.stream(), MAX_STEPS))
     for i in range(len(PROMPTS)):
         for j in range(N[i]):
-            assert [e.token for e in streamed if (e.request, e.sample) == (i, j)] == expect[i][j]
+            assert [e.token for e in streamed if (e.request_id, e.sample) == (i, j)] == expect[i][j]
 
 
 def test_generate_finishes_its_requests_then_raises_the_observers_error():

@@ -67,7 +67,7 @@ def test_the_demo_map_and_table_share_letters(demo_run):
     frame = int(trace.step_frames[forward])
     snapshot = trace.snapshot(frame)
     bound = trace.seq_requests(frame)
-    assert set(snapshot.live_ids.tolist()) <= bound.keys()  # every live sequence has a request
+    assert set(snapshot.live_seqs.tolist()) <= bound.keys()  # every live sequence has a request
     codes = snapshot.codes.tolist()
     for cell, code in enumerate(codes):
         if code >= 0:
