@@ -1,4 +1,4 @@
-"""The error hierarchy of SPEC §6, shared by both implementations (no numba import).
+"""The error hierarchy of docs/contract.md §6, shared by both implementations (no numba import).
 
 Every refused call raises one of these and changes nothing. Messages say what was
 asked, what the limit or state was, and what to do.

@@ -1,4 +1,4 @@
-"""Attention through cells (SPEC §5) and the solo oracle that knows nothing of cells."""
+"""Attention through cells (docs/contract.md §5) and the solo oracle that knows nothing of cells."""
 
 import numpy as np
 
@@ -78,9 +78,9 @@ def attend_gathered(
     positions : [width] int32, position of each token
     window    : 0 = global, W > 0 = the token at p sees positions max(0, p-W+1) .. p
 
-    The same cells as the mask rule of SPEC §3 (owned by the token's sequence, position in
-    its window), in another order, so equal to `attend_cells` up to float32 summation
-    order. Only those cells are read: free or foreign cells may hold anything.
+    The same cells as the mask rule of docs/contract.md §3 (owned by the token's sequence,
+    position in its window), in another order, so equal to `attend_cells` up to float32
+    summation order. Only those cells are read: free or foreign cells may hold anything.
     """
     out = np.zeros(q.shape, dtype=np.float32)
     for t, (seq, p) in enumerate(zip(seq_ids.tolist(), positions.tolist(), strict=True)):

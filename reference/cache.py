@@ -1,4 +1,4 @@
-"""`CellCache`: the NumPy reference of the whole contract (SPEC §2 to §4, §8)."""
+"""`CellCache`: the NumPy reference of the whole contract (docs/contract.md §2 to §7)."""
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class CellCache(Observable):
         self._written: set[int] = set()  # layers written in that step
         self._seq_cells: tuple = (None, {})  # (step, its sequences' cells in position order)
 
-    # -- table verbs (SPEC §2) -------------------------------------------------
+    # -- table verbs (docs/contract.md §2) -------------------------------------
 
     @locked
     def seq_new(self) -> int:
@@ -93,7 +93,7 @@ class CellCache(Observable):
         self._table.clear()
         self._table_changed("clear")
 
-    # -- the step (SPEC §3) ----------------------------------------------------
+    # -- the step (docs/contract.md §3) ----------------------------------------
 
     @locked
     def declare_step(self, seq_ids) -> None:
@@ -117,9 +117,9 @@ class CellCache(Observable):
             a@1  1 1 0
             b@0  0 0 1
 
-        SPEC §3 in order: check the declaration (again: a verb may have run since) and the
-        width; find the cells (pure); grow the pool as far as placement can reach; claim the
-        cells. A refused call changes nothing and keeps the declaration.
+        docs/contract.md §3 in order: check the declaration (again: a verb may have run
+        since) and the width; find the cells (pure); grow the pool as far as placement can
+        reach; claim the cells. A refused call changes nothing and keeps the declaration.
         """
         if self._declared is None:
             raise StepError(
@@ -144,7 +144,7 @@ class CellCache(Observable):
         self._step = Step(cells, positions, seq_ids, table.read_len, pos, owners, windows)
         return self._notify("prepare_step", self._step, self._step)
 
-    # -- K/V (SPEC §5) ---------------------------------------------------------
+    # -- K/V (docs/contract.md §5) ---------------------------------------------
 
     @locked
     def write(self, layer: int, k, v) -> None:
@@ -183,7 +183,7 @@ class CellCache(Observable):
                 summation order.
 
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells the layer's window lets a token see
-        (the mask rule of SPEC §3), in float32;
+        (the mask rule of docs/contract.md §3), in float32;
         rows that see no cell (padding) give 0; NaN and inf in what a token sees follow
         float32 arithmetic (`attention.softmax_attend`). Requires `write(layer, ...)` in
         this step.
@@ -269,7 +269,7 @@ class CellCache(Observable):
 
     @locked
     def check_invariants(self) -> None:
-        """Raises AssertionError unless the table keeps the invariants of SPEC §2."""
+        """Raises AssertionError unless the table keeps the invariants of docs/contract.md §2."""
         self._table.check_invariants()
 
     @locked

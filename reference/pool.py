@@ -1,4 +1,4 @@
-"""The KV pool of SPEC §4: per layer one K and one V array that grow, never shrink."""
+"""The KV pool of docs/contract.md §4: per layer one K and one V array that grow, never shrink."""
 
 from collections.abc import Callable
 

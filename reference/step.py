@@ -1,5 +1,5 @@
-"""The step of SPEC §3: the placed tokens of one forward and a mask per window, each mask
-computed when it is first read."""
+"""The step of docs/contract.md §3: the placed tokens of one forward and a mask per window,
+each mask computed when it is first read."""
 
 import numpy as np
 
@@ -14,7 +14,8 @@ def window_mask(
     positions: np.ndarray,
     window: int,
 ) -> np.ndarray:
-    """[width, read_len] uint8: 1 where token t may attend cell c (the mask rule of SPEC §3).
+    """[width, read_len] uint8: 1 where token t may attend cell c (the mask rule of
+    docs/contract.md §3).
 
     cell_pos    : [read_len] int32, position held by each cell, -1 = free
     cell_owners : [read_len, n_owner_words] uint64, owner bitset of each cell

@@ -1,4 +1,5 @@
-"""The storage dtypes of SPEC §4, in NumPy: how a written value is rounded, how it is read.
+"""The storage dtypes of docs/contract.md §4, in NumPy: how a written value is rounded, how
+it is read.
 
 K and V arrive as float32 (other float dtypes are rounded to float32 first) and are kept as
 float32, float16 (IEEE round to nearest even) or bfloat16. bfloat16 is the top half of a

@@ -1,5 +1,5 @@
-"""The cell table of SPEC §2: per cell a position and an owner bitset, per id a live flag
-and the count of positions it holds."""
+"""The cell table of docs/contract.md §2: per cell a position and an owner bitset, per id a
+live flag and the count of positions it holds."""
 
 import numpy as np
 
@@ -147,7 +147,8 @@ class CellTable:
     # -- invariants ------------------------------------------------------------
 
     def check_invariants(self) -> None:
-        """Raises AssertionError naming the first invariant of SPEC §2 that does not hold.
+        """Raises AssertionError naming the first invariant of docs/contract.md §2 that does
+        not hold.
 
         Each live sequence holds exactly the positions 0 .. pos-1, once each; a cell has a
         position exactly when it has an owner, and every owner is live; every occupied cell

@@ -1,10 +1,14 @@
 """The arrows between the parts (docs/architecture.md), read off every module's imports (AST).
 
-Each rule binds the modules below a package and says what they must never import — at the
-top of a file or inside a function, directly, through `numbakv`'s lazy names, through a
-moved 0.1 path, or through a checkout's `reference`/`viz` folders. Shared types and checks
-sit at the top of `numbakv`; the three wings — reference, device cache, serving — import
-them and never each other, so a differential test compares two implementations, not one.
+Every module of numbakv (the reference and viz included) and of benchmarks belongs to exactly
+one part, and a part imports only the parts its rule allows — at the top of a file or inside
+a function, directly, through `numbakv`'s lazy names, through a deprecated 0.5 path, or
+through a checkout's `reference`/`viz` folders. A module no part claims fails the test, so a
+new module is bound the day it lands. Beside the arrows: no import cycle between modules, no
+import of a private (`_name`) module from outside its package, and numba.cuda imported by one
+module only. The shared types and checks sit at the bottom; the three wings — reference,
+device cache, serving — import them and never each other, so a differential test compares
+two implementations, not one.
 """
 
 import ast
@@ -14,50 +18,66 @@ import numbakv
 import numbakv.cache
 import numbakv.reference
 import numbakv.viz
-from numbakv._moved import MOVED
+from numbakv._deprecated import MOVED
 
-SHARED = (
-    "numbakv.errors",
-    "numbakv.config",
-    "numbakv.snapshot",
-    "numbakv.observe",
-    "numbakv.checks",
-)
-ENTRY_POINTS = ("numbakv.trace", "numbakv.viz", "numbakv.demo", "numbakv.cli")
-CACHE_OBJECTS = tuple(
-    f"numbakv.cache.{name}"
-    for name in ("cellcache", "step", "pool", "buffers", "table", "bittree", "arena")
-)
-# (who, the only numbakv modules it may import, the other modules it must not import)
-ALLOWED = (
-    ("numbakv.reference", (*SHARED, "numbakv.reference"), ("numba", "matplotlib")),
-    ("numbakv.serve", (*SHARED, "numbakv.serve"), ("numba", "matplotlib")),
-    *((shared, SHARED, ("numba", "matplotlib")) for shared in SHARED),
-)
-# (who, what it must not import); a name matches a prefix when equal or below it
-FORBIDDEN = (
-    ("numbakv.cache", ("numbakv.reference", "numbakv.serve", "numbakv.device_model")),
-    ("numbakv.cache", ENTRY_POINTS),
-    ("numbakv.device_model", ("numbakv.reference", "numbakv.viz", *ENTRY_POINTS)),
-    ("numbakv.testing", ("numba", "numbakv.cache", "numbakv.device_model", "numbakv.serve")),
-    ("numbakv.testing", ("matplotlib", *ENTRY_POINTS)),
-    ("numbakv.cache.kernels", CACHE_OBJECTS),
-    ("numbakv.viz", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.demo", "numbakv.cli")),
-    ("numbakv.trace", ("numba", "numbakv.cache", "numbakv.serve", "numbakv.viz")),
-)
+CHECKOUT = Path(__file__).resolve().parents[1]
+# part -> the modules it holds: a name and every module below it (the longest name wins);
+# "package" holds exactly its four modules
+PARTS = {
+    "package": ("numbakv", "numbakv.__main__", "numbakv._checkout", "numbakv._deprecated"),
+    "shared": (
+        "numbakv.errors", "numbakv.config", "numbakv.checks", "numbakv.snapshot",
+        "numbakv.observe",
+    ),
+    "reference": ("numbakv.reference",),
+    "cache": ("numbakv.cache",),
+    "kernels": ("numbakv.cache.kernels",),
+    "device_model": ("numbakv.device_model",),
+    "serve": ("numbakv.serve",),
+    "testing": ("numbakv.testing",),
+    "launches": ("numbakv.testing.launches",),
+    "trace": ("numbakv.trace",),
+    "viz": ("numbakv.viz",),
+    "cli": ("numbakv.cli",),
+    "benchmarks": ("benchmarks",),
+}  # fmt: skip
+EXACT = ("package",)  # parts whose names are modules, not prefixes
+BASE = ("shared", "package")  # what every part of numbakv may import
+# part -> what of numbakv it may import besides BASE and itself: parts, or modules (a name
+# with a dot that is not a part's name), and the outside modules it must never import
+RULES = {
+    "package": (("cli",), ()),
+    "shared": ((), ("numba", "matplotlib")),
+    "reference": ((), ("numba", "matplotlib")),
+    "cache": (("kernels",), ("matplotlib",)),
+    "kernels": (("numbakv.cache.cuda", "numbakv.cache.device"), ("matplotlib",)),
+    "device_model": (("cache", "kernels", "numbakv.serve.model"), ("matplotlib",)),
+    "serve": ((), ("numba", "matplotlib")),
+    "testing": (("reference",), ("numba", "matplotlib")),
+    "launches": ((), ("matplotlib",)),
+    "trace": (("reference",), ("numba", "matplotlib")),
+    "viz": (("trace",), ("numba",)),
+    "cli": (tuple(PARTS), ()),
+    "benchmarks": (tuple(PARTS), ()),
+}
+CUDA = "numba.cuda"
 CUDA_OWNER = "numbakv.cache.cuda"  # the one module that imports numba.cuda
+SIMULATOR = "numba.cuda.simulator"  # numba's simulator: patched by these, and the owner
+SIMULATOR_PATCHERS = (CUDA_OWNER, "numbakv.cache.simulator", "numbakv.testing.launches")
 LAZY = {"numbakv": numbakv._EXPORTS, "numbakv.cache": numbakv.cache._EXPORTS}
-DYNAMIC_IMPORTERS = ("numbakv", "numbakv.cache", "numbakv._moved", "numbakv.cache.kernels")
+DYNAMIC_IMPORTERS = ("numbakv", "numbakv.cache", "numbakv._deprecated", "numbakv.cache.kernels")
 CHECKOUT_FOLDERS = {"reference": "numbakv.reference", "viz": "numbakv.viz"}
 
 
 def package_sources() -> dict[str, tuple[str, bool]]:
     """{module name: (source, is a package)} of every module of numbakv, numbakv.reference
-    and numbakv.viz, wherever they are (beside numbakv/ in a checkout, inside it installed)."""
+    and numbakv.viz, wherever they are (beside numbakv/ in a checkout, inside it installed),
+    and of the checkout's benchmarks."""
     roots = {
         "numbakv": Path(numbakv.__file__).parent,
         "numbakv.reference": Path(numbakv.reference.__file__).parent,
         "numbakv.viz": Path(numbakv.viz.__file__).parent,
+        "benchmarks": CHECKOUT / "benchmarks",
     }
     sources = {}
     for package, root in roots.items():
@@ -70,6 +90,22 @@ def package_sources() -> dict[str, tuple[str, bool]]:
 
 def is_below(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
+
+
+def is_ours(name: str) -> bool:
+    head = name.partition(".")[0]
+    return head in ("numbakv", "benchmarks") or head in CHECKOUT_FOLDERS
+
+
+def part_of(name: str) -> str | None:
+    """The part holding module `name` (the longest matching name), or None: unbound."""
+    found = [
+        (len(prefix), part)
+        for part, prefixes in PARTS.items()
+        for prefix in prefixes
+        if (name == prefix if part in EXACT else is_below(name, prefix))
+    ]
+    return max(found)[1] if found else None
 
 
 def resolve(name: str) -> str:
@@ -85,21 +121,41 @@ def resolve(name: str) -> str:
     return LAZY.get(package, {}).get(attribute, name)
 
 
-def imports_of(name: str, source: str, is_package: bool = False) -> set[str]:
-    """Every module `source` (of module `name`) imports, resolved: `import a.b` gives a.b;
-    `from a import b` gives a and a.b (b may be a module); relative imports are anchored."""
-    found = set()
-    for node in ast.walk(ast.parse(source)):
+def _imports(name: str, source: str, is_package: bool, modules=None, typing=True):
+    """(imported name, line) of every import in `source`, resolved: `import a.b` gives a.b;
+    `from a import b` gives a.b when it is one of `modules` (and a otherwise), or both a and
+    a.b when `modules` is None or `a` is not numbakv's; relative imports are anchored.
+    typing=False leaves out the imports under `if TYPE_CHECKING:`, which never run."""
+    tree = ast.parse(source)
+    skipped = set()
+    if not typing:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skipped |= {id(inner) for inner in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+            for alias in node.names:
+                yield resolve(alias.name), node.lineno
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # level 1 is the module's package (a package's own, for __init__)
                 anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names}
-    return {resolve(imported) for imported in found}
+            below = [resolve(f"{base}.{alias.name}") for alias in node.names]
+            if modules is None or not is_ours(base):
+                yield from ((imported, node.lineno) for imported in [resolve(base), *below])
+            else:
+                found = [imported for imported in below if imported in modules]
+                if len(found) < len(below):
+                    found.append(resolve(base))
+                yield from ((imported, node.lineno) for imported in found)
+
+
+def imports_of(name: str, source: str, is_package: bool = False) -> set[str]:
+    """Every module `source` (of module `name`) imports, resolved (see `_imports`)."""
+    return {imported for imported, _ in _imports(name, source, is_package)}
 
 
 def odd_imports(source: str) -> list[str]:
@@ -118,38 +174,109 @@ def odd_imports(source: str) -> list[str]:
     return found
 
 
+def allowed(importer_part: str, imported: str) -> bool:
+    """Whether a module of `importer_part` may import the numbakv module `imported`."""
+    others, _ = RULES[importer_part]
+    for rule in (importer_part, *BASE, *others):
+        if rule in PARTS and part_of(imported) == rule:
+            return True
+        if rule not in PARTS and is_below(imported, rule):
+            return True
+    return False
+
+
+def is_private_to_another(importer: str, imported: str) -> bool:
+    """True when `imported` is or is below a private module (`_name`) whose package
+    `importer` is not in: a private module is its package's own."""
+    parts = imported.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return not is_below(importer, ".".join(parts[:i]))
+    return False
+
+
 def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
-    """'importer -> imported' for every forbidden arrow."""
+    """'importer -> imported (why)' for every forbidden arrow, and 'module: unbound' for
+    every module no part holds."""
     found = []
     for name, (source, is_package) in sorted(sources.items()):
-        imported = sorted(imports_of(name, source, is_package))
-        for who, allowed, forbidden in ALLOWED:
-            if is_below(name, who):
-                found += [f"{name} -> {i}" for i in imported
-                          if (is_below(i, "numbakv") and not any(is_below(i, a) for a in allowed))
-                          or any(is_below(i, f) for f in forbidden)]  # fmt: skip
-        for who, forbidden in FORBIDDEN:
-            if is_below(name, who):
-                found += [f"{name} -> {i}" for i in imported
-                          if any(is_below(i, f) for f in forbidden)]  # fmt: skip
+        part = part_of(name)
+        if part is None:
+            found.append(f"{name}: unbound (no part of tests/test_architecture.py holds it)")
+            continue
+        imported = sorted({i for i, _ in _imports(name, source, is_package, sources)})
+        outside = RULES[part][1]
+        for i in imported:
+            if is_ours(i) and not allowed(part, i):
+                found.append(f"{name} -> {i} (a {part} module)")
+            if any(is_below(i, f) for f in outside):
+                found.append(f"{name} -> {i} (a {part} module never imports it)")
+            if is_private_to_another(name, i):
+                found.append(f"{name} -> {i} (private to its package)")
         odd = odd_imports(source)
-        if name != CUDA_OWNER:
-            found += [f"{name} -> {i} (only {CUDA_OWNER} imports numba.cuda)"
-                      for i in [*imported, *odd] if is_below(i, "numba.cuda")]  # fmt: skip
+        for i in [*imported, *odd]:
+            cuda_owner = (
+                name in SIMULATOR_PATCHERS if is_below(i, SIMULATOR) else name == CUDA_OWNER
+            )
+            if is_below(i, CUDA) and not cuda_owner:
+                found.append(f"{name} -> {i} (only {CUDA_OWNER} imports numba.cuda)")
         if name not in DYNAMIC_IMPORTERS:
             found += [f"{name} -> {call}" for call in odd if call.endswith("call")]
     return found
 
 
-def test_no_forbidden_arrow():
+def import_cycles(sources: dict[str, tuple[str, bool]]) -> list[list[str]]:
+    """The groups of modules that import each other, each sorted (strongly connected
+    components of the graph of every import that runs, inside functions too)."""
+    graph = {
+        name: {
+            imported
+            for imported, _ in _imports(name, source, is_package, sources, typing=False)
+            if imported in sources and imported != name
+        }
+        for name, (source, is_package) in sources.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return cycles
+
+
+def test_no_forbidden_arrow_and_every_module_bound():
     assert violations(package_sources()) == []
 
 
-def test_every_rule_binds_some_module():
+def test_no_import_cycle():
+    assert import_cycles(package_sources()) == []
+
+
+def test_every_part_holds_some_module():
     names = package_sources()
-    for who, *_ in (*ALLOWED, *FORBIDDEN):
-        assert any(is_below(name, who) for name in names), f"no module under {who}"
-    assert CUDA_OWNER in names
+    for part, prefixes in PARTS.items():
+        assert any(part_of(name) == part for name in names), f"no module in part {part}"
+        assert all(any(is_below(n, p) for n in names) for p in prefixes), prefixes
+    assert CUDA_OWNER in names and set(SIMULATOR_PATCHERS) <= set(names)
     assert set(DYNAMIC_IMPORTERS) <= set(names)
 
 
@@ -158,7 +285,7 @@ def test_a_forbidden_import_is_caught():
     leaks = {
         "numbakv.reference.leak": "from numbakv.cache import HostTable\n",
         "numbakv.reference.lazy": "from numbakv import CellCache\n",
-        "numbakv.reference.moved": "from numbakv.table import HostTable\n",
+        "numbakv.reference.moved": "from numbakv.trace_file import ARRAYS\n",
         "numbakv.reference.trace": "from numbakv.trace import Recorder\n",
         "numbakv.cache.leak": "def f():\n    from ..reference import step\n",
         "numbakv.cache.folder": "from reference.step import window_mask\n",
@@ -166,19 +293,53 @@ def test_a_forbidden_import_is_caught():
         "numbakv.serve.lazy": "def f():\n    import numbakv\n    return numbakv.Model\n"
         "from numbakv import CellCache\n",
         "numbakv.viz.leak": "from numba import njit\n",
+        "numbakv.trace.leak": "from numbakv.viz import plot_cells\n",
+        "numbakv.testing.leak": "from numbakv.testing.launches import count_device_calls\n",
         "numbakv.cache.kernels.leak": "from numbakv.cache import CellCache\n",
         "numbakv.cache.cuda_leak": "from numba import cuda\n",
         "numbakv.cache.cuda_attribute": "import numba\nnumba.cuda.jit\n",
+        "numbakv.cache.simulated": "from numba.cuda.simulator import kernel\n",
         "numbakv.cache.dynamic": "import importlib\nimportlib.import_module('numbakv.serve')\n",
+        "numbakv.device_model.private": "from numbakv.serve._helpers import real\n",
+        "benchmarks.private": "from numbakv._deprecated import warn\n",
+        "numbakv.stray": "import numpy\n",
+        "benchmarks.stray.deep": "import numbakv.viz\n",  # bound: below benchmarks
     }
     sources = package_sources()
     leaks["numbakv.errors"] = sources["numbakv.errors"][0] + "from numbakv.serve import model\n"
     found = violations(sources | {name: (code, False) for name, code in leaks.items()})
-    assert {line.split(" -> ")[0] for line in found} == set(leaks)
-    assert "numbakv.reference.lazy -> numbakv.cache.cellcache" in found
-    assert "numbakv.reference.moved -> numbakv.cache.table" in found
-    assert "numbakv.cache.folder -> numbakv.reference.step" in found
-    assert "numbakv.cache.kernels.leak -> numbakv.cache.cellcache" in found
+    expected = set(leaks) - {"benchmarks.stray.deep"}
+    assert {line.split(" -> ")[0].split(":")[0] for line in found} == expected
+    assert "numbakv.reference.lazy -> numbakv.cache.cellcache (a reference module)" in found
+    assert "numbakv.reference.moved -> numbakv.trace.file (a reference module)" in found
+    assert "numbakv.cache.folder -> numbakv.reference.step (a cache module)" in found
+    assert "numbakv.cache.kernels.leak -> numbakv.cache.cellcache (a kernels module)" in found
+    assert (
+        "numbakv.device_model.private -> numbakv.serve._helpers (private to its package)" in found
+    )
+    assert "benchmarks.private -> numbakv._deprecated (private to its package)" in found
+    assert "numbakv.stray: unbound (no part of tests/test_architecture.py holds it)" in found
+
+
+def test_a_planted_cycle_is_caught():
+    sources = package_sources()
+    planted = {
+        "numbakv.serve.ping": ("from numbakv.serve import pong\n", False),
+        "numbakv.serve.pong": ("def f():\n    from numbakv.serve.ping import g\n", False),
+        "numbakv.viz.typed": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from numbakv.viz.plots import plot_cells\n", False),
+        "numbakv.viz.plots": (sources["numbakv.viz.plots"][0] + "import numbakv.viz.typed\n",
+                              False),
+    }  # fmt: skip
+    assert import_cycles(sources | planted) == [["numbakv.serve.ping", "numbakv.serve.pong"]]
+
+
+def test_a_private_module_belongs_to_its_package():
+    assert is_private_to_another("numbakv.device_model.model", "numbakv.serve._guards")
+    assert not is_private_to_another("numbakv.serve.engine", "numbakv.serve._guards")
+    assert not is_private_to_another("numbakv.serve.engine", "numbakv._deprecated")
+    assert is_private_to_another("benchmarks.common", "numbakv._deprecated")
+    assert not is_private_to_another("numbakv.cache.cellcache", "numbakv.cache.kernels.__init__")
 
 
 def test_imports_resolve():
@@ -188,17 +349,19 @@ def test_imports_resolve():
     assert "numbakv.reference.step" in imports_of("numbakv.reference", "from .step import S", True)
     assert "numbakv.serve" in imports_of("numbakv.cache.table", "from ..serve import model")
     assert resolve("numbakv.Engine") == "numbakv.serve.engine"
-    assert resolve("numbakv.kernels.masks") == "numbakv.cache.kernels.masks"
+    assert resolve("numbakv.trace_scan") == "numbakv.trace.scan"
     assert resolve("viz.plots") == "numbakv.viz.plots"
+    assert part_of("numbakv.cache.kernels.masks") == "kernels"
+    assert part_of("numbakv.cache.cellcache") == "cache"
+    assert part_of("numbakv") == "package" and part_of("numbakv.nothing") is None
 
 
 def test_no_module_is_over_400_lines():
     # the project's rule: one module per idea, none over 400 lines
-    checkout = Path(__file__).resolve().parents[1]
-    folders = [checkout / name for name in ("numbakv", "reference", "viz", "benchmarks")]
+    folders = [CHECKOUT / name for name in ("numbakv", "reference", "viz", "benchmarks")]
     assert all(folder.is_dir() for folder in folders), folders
     lines = {
-        path.relative_to(checkout).as_posix(): len(path.read_text().splitlines())
+        path.relative_to(CHECKOUT).as_posix(): len(path.read_text().splitlines())
         for folder in folders
         for path in folder.rglob("*.py")
     }

@@ -213,7 +213,7 @@ def mask_pixels(
     step, window: int, cells: tuple[int, int], cell_bin: int, token_bin: int = 1
 ) -> MaskPixels:
     """Mask pixels of `step` (a live `Step` or a `TraceStep`) under `window` over cells
-    [cells[0], cells[1]): the step's own mask (SPEC §4), binned. A recorded step's mask
+    [cells[0], cells[1]): the step's own mask (docs/contract.md §3), binned. A recorded step's mask
     is computed a block of tokens at a time, so memory stays O(tokens per block x
     read_len) however large the pool."""
     token_edges, cell_edges = edges(0, step.width, token_bin), edges(*cells, cell_bin)

@@ -1,5 +1,5 @@
-"""`Bindings` (SPEC §4): what a recorded launch or a captured step depends on, and the check
-that says what moved since."""
+"""`Bindings` (docs/contract.md §4): what a recorded launch or a captured step depends on,
+and the check that says what moved since."""
 
 from dataclasses import dataclass
 

@@ -1,5 +1,6 @@
-"""`CellCache` on the device: SPEC §2-§8 with a fast host table, the KV pool and step buffers
-on the device, and numba.cuda kernels for placement, the table mirror, masks and attention.
+"""`CellCache` on the device: docs/contract.md §2-§8 with a fast host table, the KV pool and
+step buffers on the device, and numba.cuda kernels for placement, the table mirror, masks
+and attention.
 """
 
 import numpy as np
@@ -42,7 +43,7 @@ class CellCache(Observable, Inspection, Capture):
     on the device is kept by kernels, never copied over. Observers (`add_observer`) hear of
     every verb that succeeded. Every verb that changes the table (all but `seq_new` and
     `declare_step`) drops a pending declaration. Thread-safe: every verb, step call, write,
-    attend and state query holds one reentrant lock (`lock`, the seed's recursive mutex).
+    attend and state query holds one reentrant lock (`lock`).
 
     On the device a step is one upload and one launch to prepare, then per layer one
     scatter and one or two attention launches, all on the step's stream (`prepare_step`);
@@ -131,7 +132,7 @@ class CellCache(Observable, Inspection, Capture):
             )
         seq_cells.launch_set_length(b.seq_len, seq, length, stream)
 
-    # -- the step (SPEC §3) ----------------------------------------------------
+    # -- the step (docs/contract.md §3) ----------------------------------------
 
     @locked
     @not_while_capturing
@@ -269,7 +270,7 @@ class CellCache(Observable, Inspection, Capture):
         scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
                 proportion to what it sees; "masked" sweeps [0, read_len) under the window's
-                mask (the seed design), written by the step's first masked attend. Both
+                mask, written by the step's first masked attend. Both
                 equal the reference's attend.
         out   : a C-contiguous float32 device array [width, n_heads, head_dim] to write
                 into (a numba view of it is returned); default a new one, allocated on the

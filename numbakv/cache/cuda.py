@@ -51,6 +51,14 @@ def device_info() -> dict:
     return {"mode": MODE, "name": name, "compute_capability": None}
 
 
+def cuda_versions() -> dict[str, object]:
+    """{"driver": ..., "runtime": ...}: the CUDA driver's and runtime's (NVRTC's) versions
+    as numba reports them (a GPU, or compile mode with the toolkit's libraries)."""
+    from numba.cuda.cudadrv import driver, runtime
+
+    return {"driver": driver.driver.get_version(), "runtime": runtime.runtime.get_version()}
+
+
 def ordering_event():
     """A CUDA event without timing, for ordering work (the simulator's takes no options)."""
     return cuda.event() if IS_SIMULATOR else cuda.event(timing=False)

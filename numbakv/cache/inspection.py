@@ -59,7 +59,7 @@ class Inspection:
     def bindings(self) -> Bindings:
         """What a recorded launch or captured step depends on: the pool's generation and the
         device addresses of the K/V arrays, the fixed buffers and the decode workspaces
-        (SPEC §4)."""
+        (docs/contract.md §4)."""
         pool = self._pool
         arrays = [a for pair in zip(pool.k, pool.v, strict=True) for a in pair]
         return Bindings(
@@ -88,9 +88,10 @@ class Inspection:
 
     @locked
     def check_invariants(self) -> None:
-        """Raises AssertionError unless the host table keeps SPEC §2's invariants and the
-        device mirror (cell_pos, cell_owners, each live sequence's seq_cells row) equals it.
-        Copies capacity-sized arrays back: for tests and debugging."""
+        """Raises AssertionError unless the host table keeps docs/contract.md §2's
+        invariants and the device mirror (cell_pos, cell_owners, each live sequence's
+        seq_cells row) equals it. Copies capacity-sized arrays back: for tests and
+        debugging."""
         self._table.check_invariants()
         snap = self.snapshot()
         cell_pos, cell_owners = self.mirror()

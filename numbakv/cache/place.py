@@ -1,4 +1,5 @@
-"""The njit kernels of the host table's placement (SPEC §2): find the cells, then claim them.
+"""The njit kernels of the host table's placement (docs/contract.md §2): find the cells,
+then claim them.
 
 `place` is what a step costs the host: one njit call that reserves arena room, finds the
 lowest free cells and claims them, so that a 256-token decode step pays one numba dispatch

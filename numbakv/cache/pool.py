@@ -1,4 +1,5 @@
-"""`DevicePool`: every layer's K and V on the device, growing by SPEC §4's rule, transactionally."""
+"""`DevicePool`: every layer's K and V on the device, growing by docs/contract.md §4's rule,
+transactionally."""
 
 from collections.abc import Callable
 

@@ -1,4 +1,5 @@
-"""`Step`: one prepared forward of the device cache (SPEC §3), and the handle to its buffers."""
+"""`Step`: one prepared forward of the device cache (docs/contract.md §3), and the handle to
+its buffers."""
 
 from collections.abc import Callable
 

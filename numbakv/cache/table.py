@@ -1,4 +1,5 @@
-"""`HostTable`: the cell table of SPEC §2 for the device path, every verb costing its cells.
+"""`HostTable`: the cell table of docs/contract.md §2 for the device path, every verb
+costing its cells.
 
 The state the contract names is kept as the reference keeps it, so snapshots of the two
 compare equal:
@@ -16,10 +17,10 @@ Beside it, the indexes that make each verb cost the cells it touches, never capa
     id tree  : a bit tree over sequence ids, 1 = free, for `seq_new`'s lowest free id
     segments : each sequence's cells in position order (`arena.Segments`)
 
-Placement is SPEC §2's: tokens in declaration order take the lowest free cells. Every cell
-at or past `read_len` is free, so "the lowest free cells" are the holes below `read_len`
-first, then `read_len`, `read_len + 1`, ...: one search in the free tree gives both. The
-njit kernels of placement are in `place` (a step costs one numba dispatch there).
+Placement is docs/contract.md §2's: tokens in declaration order take the lowest free cells.
+Every cell at or past `read_len` is free, so "the lowest free cells" are the holes below
+`read_len` first, then `read_len`, `read_len + 1`, ...: one search in the free tree gives
+both. The njit kernels of placement are in `place` (a step costs one numba dispatch there).
 
 Example (a prefill step, a decode step, a removal, a decode step):
 
@@ -254,11 +255,11 @@ class HostTable:
     def check_invariants(self) -> None:
         """Raises AssertionError naming the first broken invariant; O(capacity), for tests.
 
-        SPEC §2's (each live sequence holds positions 0 .. pos-1 once, each in a cell with
-        its bit; a cell without owners is free; owners are live; every occupied cell lies
-        below read_len, which is trimmed; used + free = capacity) and the indexes' (owner
-        counts, the trees, the segments disjoint and each equal to its sequence's cells by
-        position).
+        docs/contract.md §2's (each live sequence holds positions 0 .. pos-1 once, each in a
+        cell with its bit; a cell without owners is free; owners are live; every occupied
+        cell lies below read_len, which is trimmed; used + free = capacity) and the indexes'
+        (owner counts, the trees, the segments disjoint and each equal to its sequence's
+        cells by position).
         """
         pos, owners, live = self._pos, self._owners, self._live
         capacity = self.config.capacity

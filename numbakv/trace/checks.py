@@ -1,7 +1,7 @@
 """The invariants a trace's arrays must hold, so that every accessor of a `Trace` that
 loaded (replay, `step(f).mask(w)`, metrics, timeline) works (numba-free).
 
-They are the cell table's (SPEC §2) read off the recorded changes: vectorized over the
+They are the cell table's (docs/contract.md §2) read off the recorded changes: vectorized over the
 changes and the frames, never replaying the table frame by frame. Annotations (events a
 caller attached to the trace, `Recorder.annotate`) are held to their own rules:
 `annotation_problem` for one, `annotation_records` for a trace's list of them.

@@ -35,7 +35,7 @@ def bit_of(seq: int) -> np.uint64:
 
 
 def sees_by_hand(cell_pos, cell_owners, seq, position, window) -> np.ndarray:
-    """[len(cell_pos)] uint8: the mask rule of SPEC §3 spelled out cell by cell."""
+    """[len(cell_pos)] uint8: the mask rule of docs/contract.md §3 spelled out cell by cell."""
     row = np.zeros(len(cell_pos), np.uint8)
     seq, position = int(seq), int(position)
     if seq < 0:

@@ -1,6 +1,6 @@
-"""The device step as a GPU runtime uses it: the step's stream, `out=`, masks written only when
-read, and the bindings a recorded step depends on (SPEC §3, §4). Counts of launches, copies
-and allocations are in test_launch_budget.py."""
+"""The device step as a GPU runtime uses it: the step's stream, `out=`, masks written only
+when read, and the bindings a recorded step depends on (docs/contract.md §3, §4). Counts of
+launches, copies and allocations are in test_launch_budget.py."""
 
 import numpy as np
 import pytest

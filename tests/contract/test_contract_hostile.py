@@ -1,6 +1,6 @@
-"""Hostile arguments on both caches: each raises the error of SPEC §6, its message names the
-bad value, and the whole state after the refusal equals the state before (the step stays
-valid, a pending declaration stays pending)."""
+"""Hostile arguments on both caches: each raises the error of docs/contract.md §6, its
+message names the bad value, and the whole state after the refusal equals the state before
+(the step stays valid, a pending declaration stays pending)."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """NaN and inf in what a token sees, on both caches: float32 softmax arithmetic, as the
-reference computes it (SPEC §5, docs/contract.md); what a token does not see never matters."""
+reference computes it (docs/contract.md §5); what a token does not see never matters."""
 
 import numpy as np
 import pytest

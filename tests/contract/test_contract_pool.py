@@ -1,4 +1,4 @@
-"""The pool of SPEC §4 on both implementations: the growth rule, bit-exact live rows,
+"""The pool of docs/contract.md §4 on both implementations: the growth rule, bit-exact live rows,
 transactional growth."""
 
 import numpy as np

@@ -1,5 +1,5 @@
-"""The step of SPEC §3 on both implementations: declaration, placement, masks, padding and
-stale steps."""
+"""The step of docs/contract.md §3 on both implementations: declaration, placement, masks,
+padding and stale steps."""
 
 import numpy as np
 import pytest

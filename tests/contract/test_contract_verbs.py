@@ -1,5 +1,5 @@
-"""The verbs of SPEC §2 on both implementations: each effect, each refusal (nothing changed),
-and the worked cases."""
+"""The verbs of docs/contract.md §2 on both implementations: each effect, each refusal
+(nothing changed), and the worked cases."""
 
 import numpy as np
 import pytest
@@ -180,7 +180,7 @@ def test_clone_of_the_highest_id_shares_its_cell(impl, max_seqs):
 
 
 def refusals(cache):
-    """(label, call, error) for every refusal of SPEC §2 on a cache holding a, b."""
+    """(label, call, error) for every refusal of docs/contract.md §2 on a cache holding a, b."""
     a, b = 0, 1
     return [
         ("rm dead", lambda: cache.seq_rm(3), SequenceError),

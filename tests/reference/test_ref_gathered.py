@@ -1,5 +1,5 @@
-"""Gathered attention in the reference (issue 15): each token reads its own sequence's cells
-of its window in position order (`CellTable.cells_of`, `attention.attend_gathered`), with no
+"""Gathered attention in the reference: each token reads its own sequence's cells of its
+window in position order (`CellTable.cells_of`, `attention.attend_gathered`), with no
 [width x read_len] mask.
 
 On random workloads (decodes, chunked prefills mixed with decodes, clones at any upto,

@@ -1,6 +1,6 @@
-"""The reference computes a step's masks when they are read (issue 15): the same masks as
-computing them all at `prepare_step` (the old behaviour, `eager_masks` here), whatever ran
-in between (`seq_new`, writes, attends), and a stale step still refuses."""
+"""The reference computes a step's masks when they are read: the same masks as computing
+them all at `prepare_step` (`eager_masks` here), whatever ran in between (`seq_new`,
+writes, attends), and a stale step still refuses."""
 
 import numpy as np
 import pytest

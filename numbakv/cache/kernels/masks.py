@@ -1,4 +1,5 @@
-"""Masks (SPEC §3, §5): every window's uint8 mask, from the table mirror and the step buffer.
+"""Masks (docs/contract.md §3, §5): every window's uint8 mask, from the table mirror and the
+step buffer.
 
 Token t (sequence s = seq_ids[t], position p = positions[t]) attends cell c iff
 cell_pos[c] >= 0, s owns c, cell_pos[c] <= p and, for a window W > 0,

@@ -1,5 +1,5 @@
-"""Placement (SPEC §5): a step's K/V rows into their cells, and its tokens into the table
-mirror and the position -> cell table, in one preparation launch.
+"""Placement (docs/contract.md §2, §8): a step's K/V rows into their cells, and its tokens
+into the table mirror and the position -> cell table, in one preparation launch.
 
 Both kernels read the step buffer (`step_buffer`: the tokens' cells, positions and sequences,
 and the width) and act on rows t < width whose cell is placed (`cells[t] >= 0`); padded

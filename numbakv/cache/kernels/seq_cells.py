@@ -1,4 +1,5 @@
-"""The position -> cell table on the device for gathered attention (SPEC §4 `seq_cells`).
+"""The position -> cell table on the device for gathered attention (docs/contract.md §4
+`seq_cells`).
 
 `seq_cells[s, p]` is the cell holding position p of sequence s, for p < `seq_len[s]`;
 entries past a sequence's length are stale and never read. Placement records each

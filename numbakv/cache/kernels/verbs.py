@@ -1,4 +1,5 @@
-"""Table verbs (SPEC §2) on the device mirror of the cell table, so it tracks the host table.
+"""Table verbs (docs/contract.md §2) on the device mirror of the cell table, so it tracks
+the host table.
 
 The host table does the bookkeeping and returns the few cells a verb touched; these
 kernels apply the same change to the mirror (`cell_pos`: [capacity] int32, -1 = free;

@@ -1,4 +1,5 @@
-"""Attention over the cell pool (SPEC §5): masked and gathered, each in decode and prefill shape.
+"""Attention over the cell pool (docs/contract.md §5): masked and gathered, each in decode
+and prefill shape.
 
 For each token t < width and query head h (KV head h // (n_heads // n_kv_heads)):
 

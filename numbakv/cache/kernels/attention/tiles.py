@@ -15,7 +15,7 @@ The accumulator holds the weighted mean of the V rows seen so far (weights p / l
 mean rescaled by l_old * alpha / l_new), as the reference normalises its weights before
 the product: finite V as large as float32 allows never overflows a sum.
 
-NaN and inf follow the reference's float32 softmax (SPEC §5, `reference.attention`): the
+NaN and inf follow the reference's float32 softmax (docs/contract.md §5, `reference.attention`): the
 running max m propagates NaN; a row whose max is not finite once it saw a cell gives NaN;
 a seen cell of weight 0 still adds 0 * V (so a NaN or inf in V spreads as in the
 reference); l = EMPTY marks a row that has seen no cell, which gives 0. One case differs:
