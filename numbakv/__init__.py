@@ -4,8 +4,10 @@
     numbakv.cache      the device cell cache: host table, pool, buffers, kernels, captures
     numbakv.device_model  the serving model's forward on the device (numba.cuda)
     numbakv.serve      model, sampling, scheduler, executor, engine, lockstep (no numba)
+    numbakv.trace      recording a cache's table over a workload, and its file (no numba)
     numbakv.viz        occupancy pictures (no numba)
-    numbakv.trace      recording a cache's table over a workload (no numba)
+    numbakv.testing    the conformance kit: hold a cache or a kernel of yours to the contract
+    numbakv.cli        the `numbakv` command line: demo, viz, replay
 
 Importing this package imports no numba: names are resolved on first use, so everything
 but the device cache and the device model stays numba-free. The first use of `CellCache`,
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -37,6 +39,10 @@ _EXPORTS = {
     "StepError": "numbakv.errors",
     "BindingError": "numbakv.errors",
     "TraceError": "numbakv.errors",
+    "ObserverError": "numbakv.errors",
+    "Recorder": "numbakv.trace.recorder",
+    "Trace": "numbakv.trace.frames",
+    "load_trace": "numbakv.trace.frames",
     "Model": "numbakv.serve.model",
     "ModelConfig": "numbakv.serve.model",
     "ByteTokenizer": "numbakv.serve.tokenizer",
