@@ -217,8 +217,8 @@ class CellCache(Observable, Inspection, Capture):
         written first if the step has not yet)."""
         self._write_masks()
         step = self._current_step()
-        (rows,) = self._to_host(self._buffers.masks[window][: step.width])
-        return rows[:, : step.read_len]
+        (mask,) = self._to_host(self._buffers.masks[window][: step.width])
+        return mask[:, : step.read_len]
 
     @locked
     def _write_masks(self) -> None:

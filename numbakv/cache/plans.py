@@ -49,8 +49,8 @@ class Plans:
             )
         if n_heads not in self._workspaces:
             cfg = self.config
-            rows = attention.decode_width_limit(cfg.max_width, n_heads, cfg.n_kv_heads)
+            widest = attention.decode_width_limit(cfg.max_width, n_heads, cfg.n_kv_heads)
             self._workspaces[n_heads] = attention.split_workspace(
-                rows, n_heads, cfg.head_dim, stream=stream
+                widest, n_heads, cfg.head_dim, stream=stream
             )
         return self._workspaces[n_heads]
