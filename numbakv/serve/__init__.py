@@ -9,6 +9,7 @@ executor   sessions over one cache and one model; batches in, logits and tokens 
 protocol   what the engine needs of an executor (`Executor` and `Lockstep` both are one)
 engine     continuous batching of generation requests
 requests   what the engine keeps and returns per request; the checks of a submission
-faults     observer errors finished past, and what went wrong in an engine step
+faults     the one place an observer's error is met (`Observed`, `completes`), and what
+           went wrong in an engine step
 lockstep   two executors driven as one, every result checked against the second
 """

@@ -1,59 +1,37 @@
-"""`Engine`: continuous batching of requests over an `Executor` (any `SessionExecutor`).
+"""`Engine`: continuous batching of generation requests over a `SessionExecutor` (an
+`Executor`, a `Lockstep`).
 
-A request is a prompt, a token budget, a sampling and stop tokens, asking for `n` samples.
-Each `step()` admits waiting requests while sessions are free (in arrival order), asks the
-`DecodeFirstScheduler` for the next batch, runs it through the executor and hands out the
-tokens it sampled:
-
-- a prompt (text through the engine's tokenizer, or token ids) is one prefill task, served
-  in chunks while other sessions decode;
-- the prompt's last chunk asks the executor for `n - 1` forks: it clones the session after
-  the prompt (the prompt's cells are shared, never copied) and sample i draws with seed
-  `seed + i` from the same last-row logits;
-- each sampled token becomes the sample's next decode task, until it samples a stop token
-  (kept as the last token) or reaches `max_new_tokens`; a finished or cancelled sample's
-  session closes at once, freeing its cells for the next step;
-- when the executor fails (the pool could not grow), the requests of that batch end with
-  finish reason "error" and the error propagates; the other requests go on;
-- when an observer of the executor's cache raises (`ObserverError`: the verb completed),
-  the engine finishes with the call's result, then the error propagates like a callback's;
-  no request is affected (stepping on, each gets the tokens it would have).
-
-Tokens stream through each request's `on_token` callback, the events `step()` returns and
-the `stream()` iterator. A step does all its bookkeeping first, then calls the callbacks in
-event order. A callback that raises ends its request: its running samples end with "error"
-(tokens kept, sessions closed), one already ended keeps "stop" or "length", and the
-callback hears nothing more. The other callbacks still run; then the first exception (any
-BaseException) propagates from `step()`, noted with every request whose callback raised;
-`stream()` yields the step's events first. `generate()` stops at once only for its own
-fault (its requests' callbacks, the executor) or an interrupt (not an `Exception`): it
-cancels its unfinished requests and raises. Another request's or an observer's fault costs
-it nothing: it steps on until its requests are done, then raises the first such exception
-(the `result()`s hold the completions); every request gets exactly the tokens it would
-have had. Callbacks may `submit` and `cancel`; stepping from a callback is refused
-(StepError, which counts as that callback raising). `metrics` counts steps and forwards.
-An `annotate` hook hears the engine's events (admit, fork, finish, cancel, error, growth:
-`numbakv.serve.events`); give it `Recorder.annotate` to see them in a trace.
-
-Thread safety: one re-entrant lock guards an `Engine`'s state and its executor; every
-public call and each step hold it (`stream()` one step at a time, never while its consumer
-runs), so one thread may submit or cancel while another steps. Callbacks run on the
-stepping thread with the lock held.
+Each `step()` admits waiting requests in arrival order while sessions are free, runs the
+scheduler's next batch (decodes first, prompt chunks in the rest) and returns the tokens it
+sampled; each token also goes to its request's `on_token` and through `stream()`, and
+`generate()` steps until its requests are done. A request's `n` samples share its prompt's
+cells (forks: sample i draws with seed `seed + i`); a sample ends at a stop token (kept) or
+at `max_new_tokens`, and its session closes at once. A fault never leaves a step half-done:
+its bookkeeping ends, then the error propagates. A batch the executor failed ends its
+requests with "error", a callback that raises ends only its own request, an observer that
+raises costs no request a token. One re-entrant lock makes each call thread-safe; callbacks
+may `submit` and `cancel`. docs/contract.md §9 says how requests run, §9.1 every fault,
+refusal and thread rule.
 """
 
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import replace
 
 from numbakv.checks import as_int
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
-from numbakv.serve.events import Annotate, Notes, call_back, check_not_in_callbacks
+from numbakv.serve.events import (
+    Annotate,
+    Notes,
+    call_back,
+    check_annotate,
+    check_not_in_callbacks,
+)
 from numbakv.serve.executor import Input, Output
-from numbakv.serve.faults import StepFaults, completed, note_observed, raise_observed
+from numbakv.serve.faults import Observed, StepFaults, completes
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.requests import (
     Completion,
@@ -96,7 +74,8 @@ class Engine:
         annotate: Annotate | None = None,
     ):
         check_parts(executor, tokenizer, clock)
-        self._notes = Notes(annotate)
+        self._observed = Observed()  # the ObserverErrors of the public call in progress
+        self._notes = Notes(self._observed.annotate_hook(check_annotate(annotate)))
         if scheduler is None:
             width = executor.max_width
             n_decodes = max(1, width // 2)
@@ -106,6 +85,7 @@ class Engine:
         if scheduler.pending():
             raise ConfigError("the scheduler has queued tasks; give the engine an empty one")
         self.executor = executor
+        self._executor = self._observed.around(executor)  # calls give results, faults recorded
         self.scheduler = scheduler
         self.clock = clock
         self.tokenizer = tokenizer
@@ -116,7 +96,6 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: dict[int, tuple[Request, Sample]] = {}  # session -> its sample
         self._reserved = 0  # sessions admitted requests will still clone
-        self._observed: list = []  # ObserverErrors of the current call's executor calls
 
     # -- requests --------------------------------------------------------------
 
@@ -146,6 +125,7 @@ class Engine:
         return request.id
 
     @locked
+    @completes
     def cancel(self, request: int) -> bool:
         """Stops a request, waiting or running: its queued work is dropped and its sessions
         close at once. False when it had already finished. An observer that raised while
@@ -153,9 +133,7 @@ class Engine:
         r = self._request(request)
         if r.is_finished:
             return False
-        with self._observing() as observed:
-            self._stop(r, "cancelled")
-        raise_observed(observed)
+        self._stop(r, "cancelled")
         return True
 
     @locked
@@ -180,7 +158,7 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         """Admits what fits, runs one batch and returns the tokens it sampled ([] when idle).
         Raises the first exception an `on_token` callback (else an observer) raised, once
-        the step is done (see the module docstring)."""
+        the step is done (docs/contract.md §9.1)."""
         events, faults = self._step()
         error = faults.error(self.n_steps)
         if error is not None:
@@ -218,7 +196,7 @@ class Engine:
         unfinished are cancelled, then the exception propagates: nothing is left running
         that no caller holds an id of. Another request's callback or an observer raising
         stops nothing: once these requests are done, the first such exception propagates
-        (see the module docstring)."""
+        (docs/contract.md §9.1)."""
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
             raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}; for one: [p]")
         with self._lock:
@@ -236,11 +214,10 @@ class Engine:
                     raise error
                 deferred = deferred or error
         except BaseException as error:
-            with self._lock, self._observing() as observed:
+            with self._lock, self._observed.noted_on(error):
                 for r in requests:
                     if not r.is_finished:
                         self._stop(r, "cancelled")
-            note_observed(error, observed)
             if deferred is not None:
                 error.add_note(f"numbakv: an earlier step of generate() raised {deferred!r}")
             raise
@@ -253,12 +230,8 @@ class Engine:
     def _step(self) -> tuple[list[TokenEvent], StepFaults]:
         """One step: (its events, what its callbacks and observers raised)."""
         check_not_in_callbacks(self._in_callbacks, "step")
-        with self._observing() as observed:
-            try:
-                events, raised = self._run_step()
-            except BaseException as error:
-                note_observed(error, observed)
-                raise
+        with self._observed.call() as observed:
+            events, raised = self._run_step()
         return events, StepFaults(raised, observed)
 
     def _run_step(self) -> tuple[list[TokenEvent], dict[int, BaseException]]:
@@ -270,8 +243,8 @@ class Engine:
         inputs = [self._input(work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
-            with self._notes.growth(self._observed, self.executor):
-                outputs = completed(self._observed, self.executor.execute, inputs)
+            with self._notes.growth(self.executor):
+                outputs = self._executor.execute(inputs)
         except BaseException:
             for r in requests.values():  # their work left the queues: they cannot go on
                 self._stop(r, "error")
@@ -290,13 +263,13 @@ class Engine:
         for all its samples; a request that does not fit holds back the ones behind it."""
         while self._waiting and self._waiting[0].n <= self.executor.free_sessions - self._reserved:
             r = self._waiting[0]
-            sample = Sample(0, completed(self._observed, self.executor.open_session, r.sampling))
+            sample = Sample(0, self._executor.open_session(r.sampling))
             self._waiting.popleft()
             r.samples.append(sample)
             self._reserved += r.n - 1
             self._running[sample.session] = (r, sample)
             self.scheduler.submit([Task(sample.session, "prefill", len(r.prompt))])
-            self._note("admit", request=r.id, seqs=[sample.session])
+            self._notes("admit", request=r.id, seqs=[sample.session])
 
     def _input(self, work: Work) -> Input:
         r, sample = self._running[work.session]
@@ -324,7 +297,7 @@ class Engine:
         self._reserved -= len(out.forks)
         if out.forks:
             seqs = [session for session, _ in out.forks]
-            self._note("fork", request=r.id, seqs=seqs, source=sample.session)
+            self._notes("fork", request=r.id, seqs=seqs, source=sample.session)
         if r.first_token_at is None:
             r.first_token_at = self.clock()
         return [self._emit(r, s, token, out.logits) for s, token in pairs]
@@ -351,23 +324,9 @@ class Engine:
         finally:
             self._in_callbacks = False
 
-    @contextmanager
-    def _observing(self) -> Iterator[list]:
-        """Collects, into the list it yields, the ObserverErrors of the executor calls made
-        inside (a callback's `cancel` inside a step keeps its own)."""
-        outer, self._observed = self._observed, []
-        try:
-            yield self._observed
-        finally:
-            self._observed = outer
-
-    def _note(self, kind: str, **data) -> None:
-        """Tells the annotate hook of an event (`events.Notes`)."""
-        self._notes(self._observed, kind, **data)
-
     def _stop(self, r: Request, reason: FinishReason) -> None:
         """Ends every unfinished sample of `r` with `reason`, closing its sessions."""
-        self._note("cancel" if reason == "cancelled" else "error", request=r.id)
+        self._notes("cancel" if reason == "cancelled" else "error", request=r.id)
         if r in self._waiting:
             self._waiting.remove(r)
         for sample in r.samples:
@@ -383,8 +342,8 @@ class Engine:
         """Ends a sample: its session closes now; the request finishes with its last sample."""
         sample.finish_reason = reason
         del self._running[sample.session]
-        completed(self._observed, self.executor.close_session, sample.session)
-        self._note("finish", request=r.id, sample=sample.index, seq=sample.session, reason=reason)
+        self._executor.close_session(sample.session)
+        self._notes("finish", request=r.id, sample=sample.index, seq=sample.session, reason=reason)
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()
 

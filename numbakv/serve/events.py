@@ -26,52 +26,43 @@ sequence ids, so `admit` and `fork` bind every sequence a request's cells live u
 the request. The engine has no preemption and no prefix cache, so it makes no such
 annotations. A hook that raises is treated like an observer of the cache that raises: the
 event stands, the engine finishes its call, then an `ObserverError` (the hook's exception
-as its cause) propagates.
+as its cause) propagates (`faults.Observed.annotate_hook`).
 """
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from numbakv.errors import ConfigError, ObserverError, StepError
+from numbakv.errors import ConfigError, StepError
 from numbakv.serve.requests import FinishReason, Request, TokenEvent
 
 Annotate = Callable[..., None]  # annotate(kind: str, **data) -> None
 
 
-class Notes:
-    """The engine's annotate hook: `notes(observed, kind, **data)` tells it of an event.
+def check_annotate(annotate) -> Annotate | None:
+    """`annotate` when it is None or a callable `annotate(kind, **data)`, else ConfigError."""
+    if annotate is not None and not callable(annotate):
+        raise ConfigError(
+            f"annotate must be a callable annotate(kind, **data), e.g. a Recorder's "
+            f"annotate, or None; got {annotate!r}"
+        )
+    return annotate
 
-    annotate : None (nothing is told), or a callable `annotate(kind, **data)`; anything
-               else is refused (ConfigError)
-    An Exception the hook raises joins `observed` (the engine's call's list) as an
-    ObserverError, raised once the engine's call is done.
+
+class Notes:
+    """The engine's annotate hook: `notes(kind, **data)` tells it of an event.
+
+    annotate : None (nothing is told), or a callable `annotate(kind, **data)`
     """
 
     def __init__(self, annotate: Annotate | None):
-        if annotate is not None and not callable(annotate):
-            raise ConfigError(
-                f"annotate must be a callable annotate(kind, **data), e.g. a Recorder's "
-                f"annotate, or None; got {annotate!r}"
-            )
         self.annotate = annotate
 
-    def __call__(self, observed: list[ObserverError], kind: str, **data) -> None:
-        if self.annotate is None:
-            return
-        try:
+    def __call__(self, kind: str, **data) -> None:
+        if self.annotate is not None:
             self.annotate(kind, **data)
-        except Exception as error:
-            failure = ObserverError(
-                f"the annotate hook {self.annotate!r} raised {error!r} on a {kind!r} "
-                "annotation; the engine's event stands: fix the hook or give the engine "
-                "annotate=None",
-                kind,
-            )
-            failure.__cause__ = error
-            observed.append(failure)
 
     @contextmanager
-    def growth(self, observed: list[ObserverError], executor: object) -> Iterator[None]:
+    def growth(self, executor: object) -> Iterator[None]:
         """Around an `execute`: a `growth` annotation when `executor`'s pool grew in it (also
         when it failed: a batch may grow the pool before it fails)."""
         before = pool_size(executor)
@@ -81,7 +72,7 @@ class Notes:
             after = pool_size(executor)
             if before is not None and after is not None and after[1] > before[1]:
                 growths = after[1] - before[1]
-                self(observed, "growth", rows_before=before[0], rows=after[0], growths=growths)
+                self("growth", rows_before=before[0], rows=after[0], growths=growths)
 
 
 def pool_size(executor: object) -> tuple[int, int] | None:

@@ -33,8 +33,8 @@ refused) or not open (SequenceError); an input's tokens that are not a non-empty
 are not Samplings (StepError); a position that is not an integer >= 0 (ConfigError).
 
 An observer of the cache that raises (`ObserverError`: the verb completed) never leaves
-the executor half-done: it finishes its bookkeeping and the rest of the call with the
-verb's result, then raises the error. After `open_session` or a `clone` that raised it the
+the executor half-done: each public call finishes with the verb's result, then raises it
+(`faults`; docs/contract.md §9.1). After `open_session` or a `clone` that raised it the
 session is open (its id is the error's `.result`); after `close_session` it is closed;
 `execute` runs the whole batch and raises an ObserverError whose `.result` is its outputs.
 
@@ -54,7 +54,7 @@ from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
 from numbakv.observe import locked
 from numbakv.serve.batch import Input, Output, checked_inputs
-from numbakv.serve.faults import batch_observed, completed, note_observed, raise_observed
+from numbakv.serve.faults import Observed, batch_observed, completes
 from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
@@ -128,6 +128,8 @@ class Executor:
             )
         self.model = model
         self.cache = cache
+        self._observed = Observed()  # the ObserverErrors of the public call in progress
+        self._cache = self._observed.around(cache)  # verbs give their result, faults recorded
         self._graphs = DecodeGraphs(model, cache, graphs, graph_width)
         self._sampling: dict[int, Sampling] = {}
         self._rng: dict[int, np.random.Generator] = {}
@@ -178,16 +180,15 @@ class Executor:
         return self.max_sessions - len(self._sampling)
 
     @locked
+    @completes
     def open_session(self, sampling: Sampling = GREEDY) -> int:
         """A new empty session (the lowest free sequence id) sampling with `sampling`."""
         check_sampling(sampling)
         self._check_room()
-        observed = []
-        session = self._opened(completed(observed, self.cache.seq_new), sampling)
-        raise_observed(observed)
-        return session
+        return self._opened(self._cache.seq_new(), sampling)
 
     @locked
+    @completes
     def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
         """A new session sharing `session`'s first `upto` positions (default all) without
         copying them; it samples with `sampling` (default the source's) from a fresh
@@ -195,19 +196,15 @@ class Executor:
         session = self._check_open(session)
         self._check_room()
         sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
-        observed = []
-        clone = self._opened(completed(observed, self.cache.seq_clone, session, upto), sampling)
-        raise_observed(observed)
-        return clone
+        return self._clone(session, upto, sampling)
 
     @locked
+    @completes
     def close_session(self, session: int) -> None:
         """Ends `session`; its cells no other session shares are free at once."""
         session = self._check_open(session)
-        observed = []
-        completed(observed, self.cache.seq_rm, session)
+        self._cache.seq_rm(session)
         del self._sampling[session], self._rng[session]
-        raise_observed(observed)
 
     @locked
     def length(self, session: int) -> int:
@@ -231,6 +228,7 @@ class Executor:
     # -- batches ---------------------------------------------------------------
 
     @locked
+    @completes(raising=batch_observed)
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
         """Runs `inputs` (see the module docstring) and returns one `Output` per input, in
         order. Refused with nothing changed when an input names a closed session, has no
@@ -243,52 +241,45 @@ class Executor:
         batch: it runs to its end, then an ObserverError with the outputs as `.result`."""
         inputs = checked_inputs(inputs, self._check_open, self.vocab_size)
         starts = self._check(inputs)
-        observed = []  # the batch's ObserverErrors: each verb completed, the batch goes on
         for session, start in starts.items():
             if start < self.cache.pos(session):
-                completed(observed, self.cache.rewind, session, start)
+                self._cache.rewind(session, start)
         tokens = [(x.session, int(t)) for x in inputs for t in x.tokens]
         ends = np.cumsum([len(x.tokens) for x in inputs]) - 1  # the stream index of each last row
         try:
-            logits = self._run(tokens, ends, observed)
-        except BaseException as error:
+            logits = self._run(tokens, ends)
+        except BaseException:
             for session, start in starts.items():
                 if self.cache.pos(session) > start:
-                    completed(observed, self.cache.rewind, session, start)
-            note_observed(error, observed)
+                    self._cache.rewind(session, start)
             raise
-        outputs = [self._output(x, row, observed) for x, row in zip(inputs, logits, strict=True)]
-        if observed:
-            raise batch_observed(observed, outputs)
-        return outputs
+        return [self._output(x, row) for x, row in zip(inputs, logits, strict=True)]
 
-    def _output(self, x: Input, logits: np.ndarray, observed: list) -> Output:
+    def _output(self, x: Input, logits: np.ndarray) -> Output:
         """The input's `Output`: its token, then its forks cloned and sampled in order."""
         if not x.sample:
             return Output(x.session, logits, None)
         token = self.sample(x.session, logits)
         end = x.position + len(x.tokens)
-        forks = tuple(
-            self._fork(x.session, end, sampling, logits, observed) for sampling in x.forks
-        )
+        forks = tuple(self._fork(x.session, end, sampling, logits) for sampling in x.forks)
         return Output(x.session, logits, token, forks)
 
     def _fork(
-        self, session: int, upto: int, sampling: Sampling, logits: np.ndarray, observed: list
+        self, session: int, upto: int, sampling: Sampling, logits: np.ndarray
     ) -> tuple[int, int]:
         """(a clone of `session`'s first `upto` positions, its first token from `logits`)."""
-        clone = completed(observed, self.clone, session, upto, sampling)
+        clone = self._clone(session, upto, sampling)
         return clone, self.sample(clone, logits)
 
-    def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray, observed: list) -> np.ndarray:
+    def _run(self, tokens: list[tuple[int, int]], ends: np.ndarray) -> np.ndarray:
         """[len(ends), vocab_size] float32: the logits at stream indices `ends` of the token
-        stream; the ObserverErrors of its verbs go to `observed`."""
+        stream."""
         out = np.empty((len(ends), self.vocab_size), dtype=np.float32)
         for piece in plan_slices(len(tokens), self.max_width, self.min_prefill):
             chunk = tokens[piece.start : piece.start + piece.length]
             sessions = [session for session, _ in chunk]
-            completed(observed, self.cache.declare_step, sessions)
-            step = completed(observed, self.cache.prepare_step, self._graphs.step_width(sessions))
+            self._cache.declare_step(sessions)
+            step = self._cache.prepare_step(self._graphs.step_width(sessions))
             wanted = np.flatnonzero((ends >= piece.start) & (ends < piece.start + piece.length))
             logits_at = ends[wanted] - piece.start
             ids = [t for _, t in chunk]
@@ -334,6 +325,11 @@ class Executor:
                 f"{self.max_session_tokens}; close or rewind the session"
             )
         return end
+
+    def _clone(self, session: int, upto: int | None, sampling: Sampling) -> int:
+        """A new session sharing open `session`'s first `upto` positions, sampling with
+        `sampling`; the room for it was checked."""
+        return self._opened(self._cache.seq_clone(session, upto), sampling)
 
     def _opened(self, session: int, sampling: Sampling) -> int:
         self._sampling[session] = sampling

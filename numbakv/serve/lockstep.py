@@ -3,7 +3,8 @@ second. Give it an executor over the device cache and one over the reference cac
 driver (the `Engine`, a test, your scheduler) is differentially tested as it runs. It is a
 `SessionExecutor`, so the `Engine` takes it as it takes an `Executor`. An observer of
 either cache that raises (`ObserverError`: the call completed) is no disagreement: the call
-runs on both and is checked, then the first such error propagates, as from an `Executor`.
+runs on both and is checked, then the first such error propagates, as from an `Executor`
+(`faults`; docs/contract.md §9.1).
 
 Thread safety: like an `Executor`, a `Lockstep` is safe to share; one re-entrant lock
 makes each call run on both executors before another call starts."""
@@ -18,7 +19,7 @@ from numbakv.config import TOLERANCE
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
 from numbakv.serve.executor import Executor, Input, Output
-from numbakv.serve.faults import completed, raise_observed
+from numbakv.serve.faults import Observed, completes
 from numbakv.serve.sampling import GREEDY, Sampling
 
 # a model's logits pass through every layer's float32 matmuls: ten times the float32
@@ -61,6 +62,8 @@ class Lockstep:
         self.n_steps = 0
         self.max_logit_error = 0.0
         self._lock = threading.RLock()
+        self._observed = Observed()  # the ObserverErrors of the public call in progress
+        self._pair = (self._observed.around(executor), self._observed.around(reference))
 
     @property
     def cache(self):
@@ -97,28 +100,30 @@ class Lockstep:
         return self.executor.free_sessions
 
     @locked
+    @completes
     def open_session(self, sampling: Sampling = GREEDY) -> int:
         return self._same("open_session", lambda e: e.open_session(sampling))
 
     @locked
+    @completes
     def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
         return self._same("clone", lambda e: e.clone(session, upto, sampling))
 
     @locked
+    @completes
     def close_session(self, session: int) -> None:
-        observed = []
-        self._both(lambda e: e.close_session(session), observed)
+        self._both(lambda e: e.close_session(session))
         self._check_tables("close_session")
-        raise_observed(observed)
 
     @locked
+    @completes
     def sample(self, session: int, logits: np.ndarray) -> int:
         return self._same("sample", lambda e: e.sample(session, logits))
 
     @locked
+    @completes
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
-        observed = []
-        got, expect = self._both(lambda e: e.execute(inputs), observed)
+        got, expect = self._both(lambda e: e.execute(inputs))
         for g, e in zip(got, expect, strict=True):
             error = float(np.abs(g.logits - e.logits).max() / max(1.0, np.abs(e.logits).max()))
             self.max_logit_error = max(self.max_logit_error, error)
@@ -139,27 +144,24 @@ class Lockstep:
                 )
         self._check_tables(f"step {self.n_steps}")
         self.n_steps += 1
-        raise_observed(observed)
         return got
 
     def _same(self, what: str, call: Callable[[Executor], object]):
-        observed = []
-        got, expect = self._both(call, observed)
+        got, expect = self._both(call)
         if got != expect:
             raise LockstepError(f"{what}: got {got!r}, the reference {expect!r}")
         self._check_tables(what)
-        raise_observed(observed)
         return got
 
-    def _both(self, call: Callable[[Executor], object], observed: list) -> tuple:
-        """(executor's result, reference's result); a refusal must be the same on both. A
-        call that completed but whose observers raised gives its result; the ObserverError
-        goes to `observed`, the executor's first."""
+    def _both(self, call: Callable[[Executor], object]) -> tuple:
+        """(executor's result, reference's result), the executor called first; a refusal
+        must be the same on both."""
+        executor, reference = self._pair
         try:
-            got = completed(observed, call, self.executor)
+            got = call(executor)
         except Exception as error:
             try:
-                call(self.reference)
+                call(reference)
             except Exception as reference_error:
                 if type(reference_error) is type(error):
                     raise error from None
@@ -170,7 +172,7 @@ class Lockstep:
                 f"the executor refused ({error!r}), the reference did not"
             ) from error
         try:
-            expect = completed(observed, call, self.reference)
+            expect = call(reference)
         except Exception as error:
             raise LockstepError(
                 f"the reference refused ({error!r}), the executor did not"

@@ -119,7 +119,8 @@ def test_generate_on_the_reference_matches_solo_and_streams_in_order():
     for completion, prompt in zip(done, prompts, strict=True):
         assert completion.prompt == prompt
         assert completion.tokens == [solo_generate(MODEL, prompt, 4)[0]]
-        assert [e.token for e in heard if e.request_id == completion.request_id] == completion.tokens[0]
+        tokens = [e.token for e in heard if e.request_id == completion.request_id]
+        assert tokens == completion.tokens[0]
     ids = [engine.submit(p, max_new_tokens=3) for p in prompts[:2]]
     streamed = list(engine.stream())
     for request in ids:

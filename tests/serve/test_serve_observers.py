@@ -3,11 +3,12 @@ stands) never leaves the executor or the engine half-done: the error propagates 
 bookkeeping is finished, their sessions are the cache's sequences, and every request still
 gets exactly the tokens of a run whose observer does not raise."""
 
+import functools
 import itertools
 
 import pytest
 
-from numbakv.errors import ObserverError, SequenceError
+from numbakv.errors import AllocationError, ObserverError, SequenceError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor, Input, Output
@@ -16,7 +17,7 @@ from numbakv.serve.model import encode
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
 
-from helpers import tiny_model
+from helpers import FlakyAllocator, tiny_model
 
 MODEL = tiny_model(seed=6)
 EVENTS = ("seq_new", "seq_clone", "seq_rm", "rewind", "declare_step", "prepare_step")
@@ -111,6 +112,22 @@ def test_a_session_whose_close_raised_is_closed_and_its_slot_free():
     assert executor.open_session() == session
 
 
+def test_a_failed_batch_is_rewound_and_carries_the_observers_errors():
+    allocator = FlakyAllocator()
+    cache = CellCache(MODEL.config.cache_config(capacity=64, max_width=8, max_seqs=2,
+                                                initial_cells=8), allocator)  # fmt: skip
+    executor = Executor(MODEL, cache, 2, 32)
+    session = executor.open_session()
+    executor.execute([Input(session, 0, [1, 2, 3])])
+    cache.add_observer(raising_on("rewind"))
+    allocator.fail_after = 0  # the pool cannot grow for the next 12 tokens
+    with pytest.raises(AllocationError) as raised:
+        executor.execute([Input(session, 1, list(range(12)))])  # rewinds to 1, then fails
+    assert "observers of the cache raised too" in "".join(raised.value.__notes__)
+    assert executor.length(session) == 1 and executor.sessions == [session]
+    assert_whole(executor)
+
+
 def new_engine() -> Engine:
     return Engine(new_executor(), DecodeFirstScheduler(24, 6, 8))
 
@@ -129,6 +146,7 @@ def assert_consistent(engine: Engine) -> None:
     assert_whole(engine.executor)
 
 
+@functools.cache  # one fault-free run: every test compares with it, none changes it
 def expected() -> list[list[list[int]]]:
     engine = new_engine()
     submit(engine)
@@ -230,6 +248,35 @@ def test_a_cancel_whose_close_raised_is_done():
         engine.cancel(1)  # its three sessions close: all three, though each close raises
     assert engine.result(1).finish_reasons == ["cancelled"] * 3
     assert sorted(engine._running) == [0, 2]
+    assert_consistent(engine)
+
+
+def test_a_callbacks_cancel_raises_its_own_observers_error_into_the_callback():
+    engine = new_engine()
+    closing = []  # set while the callback cancels: the observer raises only then
+
+    def observer(cache, verb, step):
+        if closing and verb == "seq_rm":
+            raise Boom(verb)
+
+    def on_token(event):
+        if not closing:
+            closing.append(True)
+            try:
+                engine.cancel(1)
+            finally:
+                closing.clear()
+
+    engine.executor.cache.add_observer(observer)
+    engine.submit(PROMPTS[0], 3, on_token=on_token)
+    engine.submit(PROMPTS[1], 3, n=3)
+    with pytest.raises(ObserverError) as raised:
+        engine.step()  # the callback's cancel raised: that is the callback raising
+    notes = "".join(raised.value.__notes__)
+    assert "on_token of request 0 raised this" in notes and "raised too" not in notes
+    assert engine.result(0).finish_reasons == ["error"]
+    assert engine.result(1).finish_reasons == ["cancelled"] * 3
+    assert not engine.is_busy
     assert_consistent(engine)
 
 
