@@ -1,14 +1,22 @@
-"""Two fixes to numba's CUDA simulator, installed process-wide by `numbakv.cache.cuda` when
-numbakv's device cache runs on the simulator (`install`; `uninstall` puts numba's own back).
+"""Two fixes to numba's CUDA simulator (numba-cuda 0.30), applied process-wide to numba's
+simulator classes by `install` (which `numbakv.cache.cuda` calls at import when numbakv runs
+on the simulator); `uninstall` puts numba's own back. docs/simulator.md is the report on
+both bugs: reproducers, measurements and the patches suggested upstream.
 
-- Shared arrays: `cuda.shared.array` keys each array by its caller's file and line and
-  creates it with an unlocked check-then-insert, so two threads of a block can get
-  different arrays; here the check and the insert hold one lock.
-- The block runner: it polls every thread of a block in a loop holding the GIL, so the
-  threads it waits for run only in the gaps; here it joins one of them for POLL_S (the
-  GIL released) between two looks. The rules are the simulator's: when every live thread
-  waits in syncthreads all are released; a thread's exception aborts the others and is
-  raised.
+- Shared arrays (`FakeCUDAShared.array`): numba keys each `cuda.shared.array` by its
+  caller's file and line, looks the key up and, when it is missing, creates the array and
+  inserts it. The look-up and the insert are not one atomic step, so two threads of a
+  block that both find the key missing each create their own array, and each then writes
+  and reads its own copy of what should be the block's one array. Here the look-up and
+  the insert hold one lock.
+- The block runner (`BlockManager.run`): numba's polls every thread of a block in a loop
+  that never blocks, holding the GIL while the threads it waits for need it. Here it waits
+  up to POLL_S for one live thread to finish (`join`, which releases the GIL) between two
+  looks at the threads. The simulator's rules are kept: when every live thread waits in
+  `syncthreads` all of them are released; a thread's exception aborts every thread of the
+  block and is raised in the launching thread.
+- While installed, the interpreter switches threads every SWITCH_INTERVAL_S instead of
+  Python's 5 ms, so a simulated block's threads take turns finely.
 """
 
 import sys
@@ -19,13 +27,15 @@ import numpy as np
 
 from numbakv.cache.device import IS_SIMULATOR
 
-POLL_S = 1e-4  # the block runner's wait between two looks at its threads
-SWITCH_INTERVAL_S = 5e-4  # threads switch often: a simulated block's threads take turns finely
-_originals: dict = {}  # (class, attribute) -> numba's own, while the fixes are installed
+POLL_S = 1e-4  # the block runner's longest wait between two looks at its threads, seconds
+SWITCH_INTERVAL_S = 5e-4  # sys.setswitchinterval while installed, seconds
+_originals: dict = {}  # (owner, attribute) -> numba's own value, while installed
 
 
 def install() -> None:
-    """Installs both fixes and a finer thread switch interval (once; again is a no-op)."""
+    """Applies both fixes and the switch interval; a second call changes nothing.
+
+    Raises RuntimeError unless numbakv runs on numba's CUDA simulator."""
     if not IS_SIMULATOR:
         raise RuntimeError("the simulator fixes apply to numba's CUDA simulator only")
     if _originals:
@@ -42,7 +52,8 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Puts numba's own shared arrays, block runner and switch interval back."""
+    """Puts numba's own shared arrays, block runner and switch interval back; without the
+    fixes installed it changes nothing."""
     for (owner, name), original in _originals.items():
         if owner is sys:
             sys.setswitchinterval(original)
@@ -52,39 +63,44 @@ def uninstall() -> None:
 
 
 def is_installed() -> bool:
+    """Whether the fixes are in place (between `install` and `uninstall`)."""
     return bool(_originals)
 
 
-def _locked_shared_array(dynamic_or_checked):
-    """`FakeCUDAShared.array` with its check-then-insert under one lock."""
+def _locked_shared_array(numbas_array):
+    """`FakeCUDAShared.array` whose look-up and insert are one step under a lock.
+
+    Dynamic shared memory (shape 0) and the refusal of an alignment stay numba's own
+    (`numbas_array`); the key is numba's, the caller's (file, line)."""
+    from numba.core.types import Type
+    from numba.np.numpy_support import as_dtype
+
     lock = threading.Lock()
 
     def array(self, shape, dtype, alignment=None):
         if shape == 0 or alignment is not None:
-            return dynamic_or_checked(self, shape, dtype, alignment)
+            return numbas_array(self, shape, dtype, alignment)
         caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]
         with lock:
             if caller not in self._allocations:
-                self._allocations[caller] = np.empty(shape, _numpy_dtype(dtype))
+                numpy_dtype = as_dtype(dtype) if isinstance(dtype, Type) else dtype
+                self._allocations[caller] = np.empty(shape, numpy_dtype)
             return self._allocations[caller]
 
     return array
 
 
-def _numpy_dtype(dtype):
-    from numba.np.numpy_support import as_dtype
-
-    return np.dtype(dtype) if isinstance(dtype, (np.dtype, type, str)) else as_dtype(dtype)
-
-
-def _waiting_block_run(self, grid_point, *args):
-    """`BlockManager.run` that waits for its threads instead of spinning on them."""
+def _waiting_block_run(self, grid_point: tuple, *args) -> None:
+    """`BlockManager.run` (one block at `grid_point`) that waits for its threads instead of
+    polling them: up to POLL_S on the last live one between two looks."""
     from numba.cuda.simulator.kernel import BlockThread
+
+    def target():
+        self._f(*args)
 
     threads = []
     for thread_point in np.ndindex(*self._block_dim):
-        thread = BlockThread(lambda: self._f(*args), self, grid_point, thread_point,
-                             self._debug)  # fmt: skip
+        thread = BlockThread(target, self, grid_point, thread_point, self._debug)
         thread.start()
         threads.append(thread)
     live = threads
@@ -99,8 +115,9 @@ def _waiting_block_run(self, grid_point, *args):
     _raise_first(threads)
 
 
-def _raise_first(threads) -> None:
-    """Aborts every thread of the block and raises the first exception one of them hit."""
+def _raise_first(threads: list) -> None:
+    """When a thread of the block has failed: aborts every thread (each raises at its next
+    `syncthreads`) and raises the first failure, in thread order, with its traceback."""
     failed = next((t for t in threads if t.exception), None)
     if failed is None:
         return
