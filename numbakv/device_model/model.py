@@ -1,17 +1,18 @@
 """`DeviceModel`: `numbakv.serve.model.Model`'s forward with the hidden state on the device.
 
-A forward is three calls: `stage` checks the tokens and rows and sends them to a fixed
-device buffer in one asynchronous copy from pinned memory; `run` launches every kernel of
-the forward (embedding, per layer the fused norm + QKV + rotary, the cache's write and
-attend, the output projection + residual, the fused norm + SwiGLU, the down projection +
-residual; then the final norm and LM head of the requested rows) into fixed device
-buffers; `logits` copies the requested rows' logits back. `run` allocates, copies and
-synchronizes nothing and its kernels read every per-step value (tokens, rows, positions,
-the cache's cells) from device buffers, so its launches, recorded once
+A forward is three calls (`docs/contract.md §9`): `stage` checks the tokens and
+`logits_at` (the tokens whose logits come back) and sends them to a fixed device buffer in
+one asynchronous copy from pinned memory; `run` launches every kernel of the forward
+(embedding, per layer the fused norm + QKV + rotary, the cache's write and attend, the
+output projection + residual, the fused norm + SwiGLU, the down projection + residual;
+then the final norm and LM head of the tokens of logits_at) into fixed device buffers;
+`logits` copies their logits back. `run` allocates, copies and synchronizes nothing and
+its kernels read every per-step value (tokens, logits_at, positions, the cache's cells)
+from device buffers, so its launches, recorded once
 (`numbakv.cache.kernels.launch.recording`), can be re-issued for any later step of the
-same width after a `stage`. The layers compute the rows [0, live) only, the step's tokens
-and every requested row: trailing padding that no one asked for is skipped (its K/V is
-never stored and its logits never read).
+same width after a `stage` (`docs/contract.md §8.2`). The layers compute the tokens
+[0, live) only, the step's tokens and every token of logits_at: trailing padding that no
+one asked for is skipped (its K/V is never stored and its logits never read).
 """
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from numbakv.cache.kernels.launch import launch, launch_dims
 from numbakv.checks import as_int, check_geometry, token_ids
 from numbakv.config import CacheConfig
 from numbakv.device_model import kernels
-from numbakv.device_model.kernels import LIVE, ROWS, TOKENS
+from numbakv.device_model.kernels import LIVE, LOGITS_AT, TOKENS
 from numbakv.device_model.tiles import tile_grid
 from numbakv.device_model.weights import DeviceWeights, upload
 from numbakv.errors import ConfigError, StepError
@@ -37,7 +38,7 @@ class WidthPlan:
     """The views and launch geometry of steps of one width (made once per width).
 
     x: [width, d_model]; q: [width, n_heads, head_dim]; k, v: [width, n_kv_heads,
-    head_dim]; attn: [width, n_heads, head_dim] and attn_rows, its [width, n_heads *
+    head_dim]; attn: [width, n_heads, head_dim] and attn_flat, its [width, n_heads *
     head_dim] view; hidden: [width, d_ff]; all float32 views of the fixed buffers. The grids
     are (grid, threads) pairs of each kernel.
     """
@@ -47,7 +48,7 @@ class WidthPlan:
     k: object
     v: object
     attn: object
-    attn_rows: object
+    attn_flat: object
     hidden: object
     embed_grid: tuple
     qkv_grid: tuple
@@ -80,12 +81,12 @@ class DeviceModel:
         width, d, hd = cache_config.max_width, cfg.d_model, cfg.head_dim
         self._eps = np.float32(cfg.norm_eps)
         self._weights: DeviceWeights = upload(model, cache_config.max_seq_len)
-        # tokens, requested rows and live rows: [3, max_width + 1] int32 (`kernels`)
+        # tokens, logits_at and live tokens: [3, max_width + 1] int32 (`kernels`)
         self._staging = cuda.pinned_array((3, width + 1), np.int32)
         self._staging[:] = 0
         self._staging[LIVE, 1:] = np.arange(width)
         self._inputs = cuda.to_device(self._staging)
-        self._rows, self._live = self._inputs[ROWS], self._inputs[LIVE]
+        self._logits_at, self._live = self._inputs[LOGITS_AT], self._inputs[LIVE]
         self._copied = ordering_event()
         self._has_copied = False
         # the activations, [max_width, ...] float32, zero (finite) where no step wrote
@@ -97,49 +98,49 @@ class DeviceModel:
         self._host_logits = cuda.pinned_array((width, cfg.vocab_size), np.float32)
         self._plans: dict[int, WidthPlan] = {}
         self._stream = None  # the stream of the last staged step
-        self._n_rows = 0
+        self._n_logits = 0  # len(logits_at) of the last staged step
         self._staged = None  # the last staged step
 
     @renamed_keyword("rows", "logits_at", "DeviceModel.forward")
     def forward(self, cache: CellCache, step, tokens, logits_at) -> np.ndarray:
         """[len(logits_at), vocab_size] float32: the logits after the step's tokens
-        `logits_at`, as
-        `Model.forward` (the same contract and refusals); `stage`, `run`, `logits`."""
+        `logits_at`, as `Model.forward` (the same contract and refusals); `stage`, `run`,
+        `logits`."""
         self.stage(cache, step, tokens, logits_at)
         self.run(cache, step)
-        return self.logits(self._n_rows)
+        return self.logits(self._n_logits)
 
     @renamed_keyword("rows", "logits_at", "DeviceModel.stage")
     def stage(self, cache: CellCache, step, tokens, logits_at) -> None:
-        """Checks `tokens` ([step.width] ints in [0, vocab_size)) and `rows` (at most
+        """Checks `tokens` ([step.width] ints in [0, vocab_size)) and `logits_at` (at most
         max_width ints in [0, step.width)), reserves the cache's decode workspace and
-        copies both into the device inputs, with the count of rows the layers compute (the
-        step's tokens and every requested row: trailing padding no one asked for is
-        skipped): one asynchronous copy on the step's stream from pinned memory, after the
-        previous copy from it has finished."""
+        copies both into the device inputs, with the count of tokens the layers compute
+        (the step's tokens and every token of logits_at: trailing padding no one asked for
+        is skipped): one asynchronous copy on the step's stream from pinned memory, after
+        the previous copy from it has finished."""
         self._check_cache(cache)
         width, stream = step.width, step.stream
         tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
         if tokens.shape != (width,):
             raise StepError(f"tokens must be [{width}] ints (the step's width), got {tokens}")
-        rows = check_logits_at(logits_at, width)
-        if len(rows) > self.cache_config.max_width:
+        at = check_logits_at(logits_at, width)
+        if len(at) > self.cache_config.max_width:
             raise StepError(
-                f"{len(rows)} rows asked for; a DeviceModel returns at most max_width="
-                f"{self.cache_config.max_width} rows a step"
+                f"logits_at asks for {len(at)} logits; a DeviceModel returns at most "
+                f"max_width={self.cache_config.max_width} a step"
             )
         cache.reserve(self.config.n_heads)
         if self._has_copied and not is_done(self._copied):
             self._copied.synchronize()
         staged = self._staging
         staged[TOKENS, :width] = tokens
-        staged[ROWS, 0] = len(rows)
-        staged[ROWS, 1 : 1 + len(rows)] = rows
-        staged[LIVE, 0] = max(step.n_tokens, int(rows.max()) + 1 if len(rows) else 0)
+        staged[LOGITS_AT, 0] = len(at)
+        staged[LOGITS_AT, 1 : 1 + len(at)] = at
+        staged[LIVE, 0] = max(step.n_tokens, int(at.max()) + 1 if len(at) else 0)
         self._inputs.copy_to_device(staged, stream=stream)
         self._copied.record(stream)
         self._has_copied = True
-        self._stream, self._n_rows, self._staged = stream, len(rows), step
+        self._stream, self._n_logits, self._staged = stream, len(at), step
         self._plan(width)
 
     def run(self, cache: CellCache, step) -> None:
@@ -158,7 +159,7 @@ class DeviceModel:
             cache.write(layer, plan.k, plan.v)
             cache.attend(layer, plan.q, out=plan.attn)
             launch(
-                kernels.residual_matmul, *plan.out_grid, stream, plan.attn_rows, self._live,
+                kernels.residual_matmul, *plan.out_grid, stream, plan.attn_flat, self._live,
                 lw.wo, plan.x,
             )  # fmt: skip
             launch(
@@ -170,21 +171,25 @@ class DeviceModel:
                 lw.w_down, plan.x,
             )  # fmt: skip
         launch(
-            kernels.lm_head, *plan.head_grid, stream, plan.x, self._rows, w.final_norm, eps,
+            kernels.lm_head, *plan.head_grid, stream, plan.x, self._logits_at, w.final_norm, eps,
             w.lm_head, self._logits,
         )  # fmt: skip
 
-    def logits(self, n_rows: int) -> np.ndarray:
-        """[n_rows, vocab_size] float32: a host copy of the first `n_rows` staged rows'
-        logits, copied on the last staged step's stream, which is then synchronized."""
-        n_rows = as_int("n_rows", n_rows, StepError)
+    @renamed_keyword("n_rows", "n", "DeviceModel.logits")
+    def logits(self, n: int) -> np.ndarray:
+        """[n, vocab_size] float32: a host copy of the logits of the first `n` tokens of
+        the last staged step's logits_at, copied on its stream, which is then
+        synchronized."""
+        n = as_int("n", n, StepError)
         if self._stream is None:
             raise StepError("logits() before any step was staged; call stage() and run()")
-        if not 0 <= n_rows <= self._n_rows:
-            raise StepError(f"n_rows={n_rows} must lie in [0, {self._n_rows}], the rows staged")
-        host = self._host_logits[:n_rows]
-        if n_rows:
-            self._logits[:n_rows].copy_to_host(host, stream=self._stream)
+        if not 0 <= n <= self._n_logits:
+            raise StepError(
+                f"n={n} must lie in [0, {self._n_logits}], the tokens of logits_at staged"
+            )
+        host = self._host_logits[:n]
+        if n:
+            self._logits[:n].copy_to_host(host, stream=self._stream)
             self._stream.synchronize()
         return host.copy()
 
@@ -193,14 +198,14 @@ class DeviceModel:
         if width not in self._plans:
             cfg = self.config
             hd, n_kv = cfg.head_dim, cfg.n_kv_heads
-            attn_rows = self._attn[:width]
+            attn_flat = self._attn[:width]
             self._plans[width] = WidthPlan(
                 x=self._x[:width],
                 q=self._q[:width].reshape(width, cfg.n_heads, hd),
                 k=self._k[:width].reshape(width, n_kv, hd),
                 v=self._v[:width].reshape(width, n_kv, hd),
-                attn=attn_rows.reshape(width, cfg.n_heads, hd),
-                attn_rows=attn_rows,
+                attn=attn_flat.reshape(width, cfg.n_heads, hd),
+                attn_flat=attn_flat,
                 hidden=self._hidden[:width],
                 embed_grid=launch_dims(width * cfg.d_model),
                 qkv_grid=tile_grid(width, (cfg.n_heads + 2 * n_kv) * hd // 2),

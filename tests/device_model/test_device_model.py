@@ -47,15 +47,15 @@ class Pair:
         assert answers[0] == answers[1], (name, answers)
         return answers[0]
 
-    def forward(self, seq_ids, tokens, rows, width=None) -> np.ndarray:
+    def forward(self, seq_ids, tokens, logits_at, width=None) -> np.ndarray:
         """Both models' logits of one step, compared; returns the device model's."""
         steps = []
         for cache in (self.ref, self.dev):
             cache.declare_step(seq_ids)
             steps.append(cache.prepare_step(width))
-        expect = self.model.forward(self.ref, steps[0], tokens, rows)
-        got = self.dm.forward(self.dev, steps[1], tokens, rows)
-        assert got.shape == expect.shape == (len(rows), VOCAB) and got.dtype == np.float32
+        expect = self.model.forward(self.ref, steps[0], tokens, logits_at)
+        got = self.dm.forward(self.dev, steps[1], tokens, logits_at)
+        assert got.shape == expect.shape == (len(logits_at), VOCAB) and got.dtype == np.float32
         scale = np.abs(expect).max(axis=1, keepdims=True)
         assert (np.abs(got - expect) <= 1e-5 * scale).all(), np.abs(got - expect).max()
         assert (scale > 1).all()  # logits with something to compare
@@ -88,7 +88,7 @@ GEOMETRIES = [(4, 2, (0, 3)), (2, 2, (2,)), (4, 1, (0,)), (8, 1, (4, 0))]
 @given(geometry=st.sampled_from(GEOMETRIES), seed=st.integers(0, 2**16))
 def test_logits_match_the_numpy_model_on_random_steps(geometry, seed):
     """Random workloads: sequences made, cloned at a random position, rewound and removed;
-    steps of random sequences with random padding and random requested rows."""
+    steps of random sequences with random padding and random logits_at."""
     n_heads, n_kv_heads, windows = geometry
     model = small_model(n_heads, n_kv_heads, windows, seed=seed % 3)
     pair = Pair(model, capacity=3 * 12, max_seq_len=12)  # every sequence may fill up
@@ -112,15 +112,15 @@ def test_logits_match_the_numpy_model_on_random_steps(geometry, seed):
         ids = [int(s) for s in rng.choice(seqs, n)]
         ids = [s for i, s in enumerate(ids) if ids[: i + 1].count(s) <= room.get(s, 12)] or seqs[:1]
         width = int(rng.integers(len(ids), CACHE["max_width"] + 1))
-        rows = rng.integers(0, width, int(rng.integers(0, width + 1)))
-        pair.forward(ids, rng.integers(0, VOCAB, width), rows, width=width)
+        logits_at = rng.integers(0, width, int(rng.integers(0, width + 1)))
+        pair.forward(ids, rng.integers(0, VOCAB, width), logits_at, width=width)
 
 
-def test_rows_may_be_empty_repeated_or_padding():
+def test_logits_at_may_be_empty_repeated_or_padding():
     pair = Pair(small_model(windows=(2,)))
     seq = pair.verb("seq_new")
     assert pair.forward([seq] * 3, [1, 2, 3, 0], [], width=4).shape == (0, VOCAB)
-    got = pair.forward([seq], [5, 0, 0], [0, 2, 0], width=3)  # row 2 is padding
+    got = pair.forward([seq], [5, 0, 0], [0, 2, 0], width=3)  # token 2 is padding
     np.testing.assert_array_equal(got[0], got[2])
 
 
@@ -150,15 +150,15 @@ BAD_INPUTS = [
     ([1, 2, 3], [0], r"tokens must be \[4\]"),
     ([1.0, 2, 3, 4], [0], r"tokens\[0\]"),
     ("abcd", [0], "tokens must be"),
-    ([1, 2, 3, 4], [4], r"rows \[4\]"),
-    ([1, 2, 3, 4], [0, -1], r"rows \[0, -1\]"),
+    ([1, 2, 3, 4], [4], r"logits_at \[4\]"),
+    ([1, 2, 3, 4], [0, -1], r"logits_at \[0, -1\]"),
     ([1, 2, 3, 4], [[0]], "logits_at must be a list"),
     ([1, 2, 3, 4], [0.5], "logits_at must be a list"),
 ]
 
 
-@pytest.mark.parametrize(("tokens", "rows", "match"), BAD_INPUTS)
-def test_refusals_are_the_numpy_models(tokens, rows, match):
+@pytest.mark.parametrize(("tokens", "logits_at", "match"), BAD_INPUTS)
+def test_refusals_are_the_numpy_models(tokens, logits_at, match):
     pair = Pair(small_model(windows=(0,)))
     seq = pair.verb("seq_new")
     steps = []
@@ -166,33 +166,46 @@ def test_refusals_are_the_numpy_models(tokens, rows, match):
         cache.declare_step([seq] * 3)
         steps.append(cache.prepare_step(4))
     with pytest.raises(StepError, match=match) as expected:
-        pair.model.forward(pair.ref, steps[0], tokens, rows)
+        pair.model.forward(pair.ref, steps[0], tokens, logits_at)
     with pytest.raises(StepError, match=match) as got:
-        pair.dm.forward(pair.dev, steps[1], tokens, rows)
+        pair.dm.forward(pair.dev, steps[1], tokens, logits_at)
     assert str(got.value) == str(expected.value)
 
 
-def test_more_rows_than_max_width_are_refused():
+def test_more_logits_than_max_width_are_refused():
     pair = Pair(small_model(windows=(0,)), max_width=4)
     pair.dev.declare_step([pair.dev.seq_new()] * 2)
     step = pair.dev.prepare_step()
-    with pytest.raises(StepError, match=r"5 rows asked for; .* at most max_width=4"):
+    with pytest.raises(StepError, match=r"logits_at asks for 5 logits; .* at most max_width=4"):
         pair.dm.stage(pair.dev, step, [1, 2], [0, 1, 0, 1, 0])
 
 
-def test_run_of_an_unstaged_step_and_logits_past_the_staged_rows_are_refused():
+def test_run_of_an_unstaged_step_and_logits_past_the_staged_ones_are_refused():
     pair = Pair(small_model(windows=(0,)))
     seq = pair.dev.seq_new()
     pair.dev.declare_step([seq] * 2)
     first = pair.dev.prepare_step()
     pair.dm.stage(pair.dev, first, [1, 2], [1])
     pair.dm.run(pair.dev, first)
-    with pytest.raises(StepError, match=r"n_rows=2 must lie in \[0, 1\], the rows staged"):
+    with pytest.raises(StepError, match=r"n=2 must lie in \[0, 1\], the tokens of logits_at"):
         pair.dm.logits(2)
     pair.dev.declare_step([seq])
     second = pair.dev.prepare_step()
     with pytest.raises(StepError, match="not staged"):
         pair.dm.run(pair.dev, second)
+
+
+def test_the_old_keywords_warn_and_still_work():
+    pair = Pair(small_model(windows=(0,)))
+    pair.dev.declare_step([pair.dev.seq_new()] * 2)
+    step = pair.dev.prepare_step()
+    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.forward\(rows=\) is .*logits_at="):
+        old = pair.dm.forward(pair.dev, step, [1, 2], rows=[1, 0])
+    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.logits\(n_rows=\) is .*\(n=\)"):
+        np.testing.assert_array_equal(pair.dm.logits(n_rows=2), old)
+    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.stage\(rows=\) is .*logits_at="):
+        pair.dm.stage(pair.dev, step, [1, 2], rows=[1])
+    np.testing.assert_array_equal(pair.dm.logits(n=0), old[:0])
 
 
 def test_a_stale_step_is_refused():

@@ -8,7 +8,7 @@ import pytest
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.step_buffer import host_step
 from numbakv.device_model import kernels
-from numbakv.device_model.kernels import LIVE, ROWS, TOKENS
+from numbakv.device_model.kernels import LIVE, LOGITS_AT, TOKENS
 from numbakv.device_model.tiles import CHUNK, THREADS, TILE, tile_grid
 from numbakv.device_model.weights import rotary_table
 from numbakv.serve.model import ModelConfig, rms_norm, rotate, silu
@@ -24,6 +24,7 @@ def floats(rng, *shape) -> np.ndarray:
 
 
 def identity(width: int) -> np.ndarray:
+    """The token map of every token of a step of `width`: [width, 0, 1, .., width - 1]."""
     return np.array([width, *range(width)], np.int32)
 
 
@@ -105,18 +106,28 @@ def test_swiglu_is_silu_gate_times_up_of_the_normed_rows(grid):
 
 
 @pytest.mark.parametrize("grid", GRIDS)
-def test_lm_head_reads_only_the_requested_rows(grid):
+def test_lm_head_reads_only_the_tokens_of_logits_at(grid):
     rng = np.random.default_rng(4)
     x, norm_w, w = floats(rng, WIDTH, K), floats(rng, K), floats(rng, K, 7)
-    rows = rng.integers(0, WIDTH, TILE + 1)  # two row tiles, repeats likely
+    logits_at = rng.integers(0, WIDTH, TILE + 1)  # two row tiles, repeats likely
     inputs = np.zeros((3, 24), np.int32)
-    inputs[ROWS, 0] = len(rows)
-    inputs[ROWS, 1 : 1 + len(rows)] = rows
+    inputs[LOGITS_AT, 0] = len(logits_at)
+    inputs[LOGITS_AT, 1 : 1 + len(logits_at)] = logits_at
     out = cuda.to_device(np.full((20, 7), 7.0, np.float32))
     inputs_d = cuda.to_device(inputs)
     kernels.lm_head[grid_of(grid, WIDTH, 7)](
-        cuda.to_device(x), inputs_d[ROWS], cuda.to_device(norm_w), EPS, cuda.to_device(w), out
-    )
+        cuda.to_device(x), inputs_d[LOGITS_AT], cuda.to_device(norm_w), EPS, cuda.to_device(w),
+        out,
+    )  # fmt: skip
     got = out.copy_to_host()
-    close(got[: len(rows)], rms_norm(x[rows], norm_w, EPS) @ w)
-    assert (got[len(rows) :] == 7).all()  # rows past the count are untouched
+    close(got[: len(logits_at)], rms_norm(x[logits_at], norm_w, EPS) @ w)
+    assert (got[len(logits_at) :] == 7).all()  # rows past the count are untouched
+
+
+def test_the_old_names_of_the_inputs_layout_warn_and_still_work():
+    with pytest.warns(DeprecationWarning, match=r"kernels\.ROWS is .*kernels\.LOGITS_AT"):
+        assert kernels.ROWS == LOGITS_AT
+    with pytest.warns(DeprecationWarning, match=r"kernels\.ROW_MAP is .*kernels\.TOKEN_MAP"):
+        assert kernels.ROW_MAP == kernels.TOKEN_MAP
+    with pytest.raises(AttributeError, match="no attribute 'COLUMNS'"):
+        kernels.COLUMNS  # noqa: B018
