@@ -1,8 +1,8 @@
 """Decode attention over cells: work amplification of the two modes, and on a GPU their
 bandwidth utilisation (FlashInfer's metric: bytes of visible K/V / kernel time / peak HBM).
 
-    python benchmarks/attention.py              # amplification everywhere; timings on a GPU
-    python benchmarks/attention.py --quick
+    python -m benchmarks.attention              # amplification everywhere; timings on a GPU
+    python -m benchmarks.attention --quick
 
 Each case builds a churned table with the host table (sequences prefilled round-robin in
 chunks, then clones, rewinds and removals whose holes refill), so a sequence's cells
@@ -16,11 +16,11 @@ torch with CUDA is installed.
 """
 
 import argparse
-import os
-import platform
+from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks.common import print_machine
 from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda, device_info
 from numbakv.cache.table import HostTable
 from numbakv.config import CacheConfig
@@ -30,7 +30,9 @@ N_KV_HEADS, N_HEADS, HEAD_DIM = 8, 32, 128
 CHUNK = 64
 
 
-def build(n_seqs: int, tokens: int, window: int, seed: int):
+def build(
+    n_seqs: int, tokens: int, window: int, seed: int
+) -> tuple[HostTable, CacheConfig, np.ndarray, np.ndarray]:
     """(table, config, seq_ids, positions) of a decode step after churn."""
     rng = np.random.default_rng(seed)
     capacity = int(n_seqs * tokens * 1.5) + 4 * CHUNK
@@ -69,7 +71,7 @@ def build(n_seqs: int, tokens: int, window: int, seed: int):
     return table, cfg, np.asarray(seqs, np.int32), positions
 
 
-def visible_cells(table, seq_ids, positions, window) -> int:
+def visible_cells(table: HostTable, seq_ids: np.ndarray, positions: np.ndarray, window: int) -> int:
     """Cells the decode step's tokens may attend, counted by the mask rule on the table."""
     snap = table.snapshot(table.read_len)
     return int(window_mask(snap.pos, snap.owners, seq_ids, positions, window).sum())
@@ -87,7 +89,7 @@ def peak_bandwidth() -> float:
     return 2 * device.MEMORY_CLOCK_RATE * 1e3 * device.GLOBAL_MEMORY_BUS_WIDTH / 8
 
 
-def time_kernel(run, repeat: int) -> float:
+def time_kernel(run: Callable[[], object], repeat: int) -> float:
     """Median seconds of `run()` over `repeat` launches, timed with CUDA events."""
     run()
     times = []
@@ -101,7 +103,10 @@ def time_kernel(run, repeat: int) -> float:
     return float(np.median(times))
 
 
-def gpu_times(table, cfg, seq_ids, positions, window, repeat):
+def gpu_times(
+    table: HostTable, cfg: CacheConfig, seq_ids: np.ndarray, positions: np.ndarray, window: int,
+    repeat: int,
+) -> dict[str, float]:  # fmt: skip
     """{mode: seconds} of the two modes' planned launches (and torch SDPA when available)."""
     from numbakv.cache.kernels.attention import (
         gathered_max_len,
@@ -163,7 +168,9 @@ def gpu_times(table, cfg, seq_ids, positions, window, repeat):
     return times
 
 
-def torch_time(table, seq_ids, k, v, window, repeat) -> dict:
+def torch_time(
+    table: HostTable, seq_ids: np.ndarray, k, v, window: int, repeat: int
+) -> dict[str, float]:
     """torch SDPA on the same K/V, one padded dense batch per decode step (if available)."""
     try:
         import torch
@@ -201,18 +208,18 @@ def torch_time(table, seq_ids, k, v, window, repeat) -> dict:
     return {"torch sdpa": float(np.median(times))}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     parser.add_argument("--window", type=int, default=0, help="0 = global attention")
     parser.add_argument("--max-cells", type=int, default=1 << 20, help="skip larger cases")
     parser.add_argument("--repeat", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     seq_counts = (1, 8, 64) if args.quick else (1, 8, 64, 256)
     lengths = (512, 2048) if args.quick else (512, 2048, 8192)
     on_gpu = MODE == "gpu"
-    print(f"numbakv attention benchmark: {device_info()['name']}, numpy {np.__version__}, "
-          f"{platform.machine()}, {os.cpu_count()} cpus")  # fmt: skip
+    print(f"numbakv attention benchmark: {device_info()['name']}")
+    print_machine("numba")
     print(f"K/V float16, n_heads {N_HEADS}, n_kv_heads {N_KV_HEADS}, head_dim {HEAD_DIM}, "
           f"window {args.window or 'global'}; decode step = one token per sequence")  # fmt: skip
     if on_gpu:

@@ -1,29 +1,45 @@
-"""What recording costs: a continuous-batching workload through the reference cache, timed
-with and without a `Recorder`, and the size of the trace it leaves.
+"""What recording a trace costs, through the reference cache.
 
-    python benchmarks/recording.py            # 10 000 steps, 32 sequences
-    python benchmarks/recording.py --steps 2000
+    python -m benchmarks.recording overhead             # 10 000 steps, 32 sequences
+    python -m benchmarks.recording overhead --steps 2000
+    python -m benchmarks.recording large                # masks computed when read
+    python -m benchmarks.recording large --eager-masks  # every mask at every step
+    python -m benchmarks.recording large --steps 500    # a shorter run
+    python -m benchmarks.recording large --long         # decodes of 128-1024 tokens: the
+                                                        # pool fills, requests are preempted
+    python -m benchmarks.recording large --save big.npz # keep the trace for benchmarks.plots
 
-Each step decodes one token for every running sequence; a finished sequence is removed
-and a new one arrives with a prompt prefilled in chunks, so holes open and refill. The
-timed work is the host table: declare_step + prepare_step (the reference writes the masks
-there), which is the cheapest a step gets, so the overhead printed is the worst case.
+overhead: a continuous-batching workload timed with and without a `Recorder`, and the size
+of the trace it leaves. Each step decodes one token for every running sequence; a finished
+sequence is removed and a new one arrives with a prompt prefilled in chunks, so holes open
+and refill. The timed work is the host table: declare_step + prepare_step (the reference
+writes the masks there), which is the cheapest a step gets, so the overhead printed is the
+worst case.
+
+large: the scheduler-like workload of tests/viz/scheduler_workload.py (a shared system
+prompt cloned into most requests, n = 2 forks, recompute preemption, decode-first steps
+with chunked prefill) on 65 536 cells, 128 sequences, width 256, a `Recorder` frame per
+step, annotated by request. Prints the seconds of the whole run (one updating progress
+line on stderr while it runs).
 """
 
 import argparse
 import os
-import platform
+import sys
 import tempfile
 import time
 
 import numpy as np
 
+from benchmarks.common import print_machine, run_command
 from numbakv.reference import CacheConfig, CellCache
 from numbakv.trace import Recorder
+from numbakv.viz.progress import Progress
+from tests.viz.scheduler_workload import Workload
 
 
 def workload(n_steps: int, n_seqs: int, seed: int, record: bool) -> tuple[float, Recorder | None]:
-    """Runs the workload; returns (seconds, recorder or None)."""
+    """Runs the overhead workload; returns (seconds, recorder or None)."""
     rng = np.random.default_rng(seed)
     cfg = CacheConfig(
         n_layers=1, n_kv_heads=1, head_dim=8, capacity=n_seqs * 640, max_width=64,
@@ -50,14 +66,16 @@ def workload(n_steps: int, n_seqs: int, seed: int, record: bool) -> tuple[float,
     return time.perf_counter() - start, recorder
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def overhead_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--seqs", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each, best kept")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    print(f"numpy {np.__version__}, {platform.machine()}, {os.cpu_count()} cpus")
+
+
+def run_overhead(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    print("numbakv recording overhead")
+    print_machine()
     print(f"workload: {args.steps} steps, {args.seqs} sequences, best of {args.repeat} runs each")
     plain, recorded, recorder = [], [], None
     for _ in range(args.repeat):  # alternate, so drift on a shared machine hits both
@@ -85,5 +103,46 @@ def main() -> None:
     print(f"  .npz file   {size / 2**20:7.2f} MiB (saved in {save_s:.2f} s)")
 
 
+def large_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument(
+        "--eager-masks", action="store_true", help="every mask at every step, for contrast"
+    )
+    parser.add_argument("--long", action="store_true", help="decodes of 128-1024 tokens")
+    parser.add_argument("--save", metavar="PATH", help="save the trace (.npz) for benchmarks.plots")
+
+
+def run_large(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    config = CacheConfig(n_layers=2, n_kv_heads=1, head_dim=8, windows=(0, 512),
+                         capacity=65536, max_width=256, max_seqs=128, max_seq_len=4096,
+                         initial_cells=4096)  # fmt: skip
+    cache = CellCache(config)
+    started = time.perf_counter()
+    recorder = Recorder(cache)
+    if args.eager_masks:  # every step's masks computed at once, read or not
+        cache.add_observer(lambda c, e, step: step and [step.mask(w) for w in step.windows])
+    decodes = (128, 1024) if args.long else (16, 256)
+    workload = Workload(cache, np.random.default_rng(0), decodes, recorder.annotate)
+    progress = Progress("recording")
+    for step in range(args.steps):
+        workload.step()
+        progress(step + 1, args.steps)
+    progress.close()
+    seconds = time.perf_counter() - started
+    trace = recorder.trace()
+    print(f"{args.steps} steps, {trace.n_frames} frames, peak {trace.metrics()['used'].max()} "
+          f"cells used, {workload.preemptions} preemptions: {seconds:.1f} s "
+          f"({'every mask at every step' if args.eager_masks else 'masks when read'})")  # fmt: skip
+    if args.save:
+        trace.save(args.save)
+        print(f"trace saved to {args.save}")
+    return 0
+
+
+COMMANDS = {
+    "overhead": ("a workload with and without a Recorder", overhead_arguments, run_overhead),
+    "large": ("a large scheduler-like workload, recorded", large_arguments, run_large),
+}
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command("python -m benchmarks.recording", __doc__.splitlines()[0], COMMANDS))

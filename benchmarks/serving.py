@@ -1,9 +1,9 @@
 """What does continuous batching buy, and what does the serving loop cost? Prints figures;
 asserts nothing about timing.
 
-    python benchmarks/serving.py                  # reference cache, a few seconds
-    python benchmarks/serving.py --quick          # under a second
-    python benchmarks/serving.py --cache device   # the device cache (a GPU, else the simulator:
+    python -m benchmarks.serving                  # reference cache, a few seconds
+    python -m benchmarks.serving --quick          # under a second
+    python -m benchmarks.serving --cache device   # the device cache (a GPU, else the simulator:
                                                   # use --quick there)
 
 One workload (sizes in FULL and QUICK): `requests` greedy requests with prompts of
@@ -52,7 +52,7 @@ class Timed:
             self.seconds += time.perf_counter() - start
 
 
-def serve(model: Model, cache_class, sizes: dict, batched: bool, seed: int = 0) -> dict:
+def serve(model: Model, cache_class: type, sizes: dict, batched: bool, seed: int = 0) -> dict:
     """Runs the workload; returns its figures."""
     n, prompt, new, width = sizes["requests"], sizes["prompt"], sizes["new"], sizes["max_width"]
     cache = cache_class(
@@ -89,11 +89,11 @@ def serve(model: Model, cache_class, sizes: dict, batched: bool, seed: int = 0) 
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller workload")
     parser.add_argument("--cache", choices=("reference", "device"), default="reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.cache == "device":
         from numbakv import CellCache, device_info

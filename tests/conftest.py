@@ -1,5 +1,7 @@
 """Hypothesis profiles (`HYPOTHESIS_PROFILE=ci` under CI) and the fixtures the tests share.
-Helpers live in `helpers.py`."""
+Helpers live in `helpers.py`. The checkout's root goes at the end of sys.path, after
+site-packages: the tests import `benchmarks` as a package while `numbakv` stays the
+installed one."""
 
 import os
 import subprocess
@@ -12,6 +14,10 @@ from hypothesis import HealthCheck, settings
 from numbakv.reference import CellCache
 
 from helpers import small_config
+
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+if CHECKOUT not in sys.path:
+    sys.path.append(CHECKOUT)
 
 settings.register_profile("dev", deadline=None)
 settings.register_profile(

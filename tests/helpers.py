@@ -1,10 +1,7 @@
 """Helpers the tests share: small configs, a refusal's "nothing changed" state, workloads,
-an observer, a failing allocator, a tiny model and its oracles, the benchmarks' modules."""
+an observer, a failing allocator, a tiny model and its oracles."""
 
-import importlib
 import io
-import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -209,21 +206,6 @@ def solo_expect(q, k_hist, v_hist, positions, window, scale):
             kv = h * n_kv_heads // n_heads
             out[i, h] = plain_attention(q[i, h], k_hist[seen, kv], v_hist[seen, kv], scale)
     return out
-
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def benchmark_module(name: str):
-    """benchmarks/<name>.py, imported as the scripts import their siblings: by name, with
-    benchmarks/ on sys.path."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        module = importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    assert Path(module.__file__).parent == BENCHMARKS, module.__file__
-    return module
 
 
 def npy(array, **header) -> bytes:

@@ -62,7 +62,7 @@ RULES = {
 }
 CUDA = "numba.cuda"
 CUDA_OWNER = "numbakv.cache.cuda"  # the one module that imports numba.cuda
-SIMULATOR = "numba.cuda.simulator"  # numba's simulator: patched by these, and the owner
+SIMULATOR = "numba.cuda.simulator"  # numba's simulator: patched below these, and the owner
 SIMULATOR_PATCHERS = (CUDA_OWNER, "numbakv.cache.simulator", "numbakv.testing.launches")
 LAZY = {"numbakv": numbakv._EXPORTS, "numbakv.cache": numbakv.cache._EXPORTS}
 DYNAMIC_IMPORTERS = ("numbakv", "numbakv.cache", "numbakv._deprecated", "numbakv.cache.kernels")
@@ -215,9 +215,8 @@ def violations(sources: dict[str, tuple[str, bool]]) -> list[str]:
                 found.append(f"{name} -> {i} (private to its package)")
         odd = odd_imports(source)
         for i in [*imported, *odd]:
-            cuda_owner = (
-                name in SIMULATOR_PATCHERS if is_below(i, SIMULATOR) else name == CUDA_OWNER
-            )
+            patcher = any(is_below(name, p) for p in SIMULATOR_PATCHERS)
+            cuda_owner = patcher if is_below(i, SIMULATOR) else name == CUDA_OWNER
             if is_below(i, CUDA) and not cuda_owner:
                 found.append(f"{name} -> {i} (only {CUDA_OWNER} imports numba.cuda)")
         if name not in DYNAMIC_IMPORTERS:

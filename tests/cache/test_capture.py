@@ -13,7 +13,7 @@ from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda
 from numbakv.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache
 
-from helpers import assert_close, benchmark_module, full_state
+from helpers import assert_close, full_state
 
 WIDTH, N_HEADS = 3, 2  # small: each simulated attention launch costs ~0.1 s
 CONFIG = numbakv.CacheConfig(
@@ -166,7 +166,8 @@ def test_replay_refuses_a_stale_or_missing_step_or_another_width():
 
 @pytest.mark.skipif(not IS_SIMULATOR, reason="counts the CUDA simulator's entry points")
 def test_a_replay_makes_the_captured_launches_and_nothing_else():
-    counting = benchmark_module("counting")
+    from numbakv.testing import launches as counting
+
     cache, inputs = numbakv.CellCache(replace(CONFIG, initial_cells=32)), Inputs()
     cache.reserve(N_HEADS)
     started(cache)

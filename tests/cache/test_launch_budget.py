@@ -1,5 +1,6 @@
-"""Issue 12's launch budget of a step, counted in the CUDA simulator (`benchmarks/counting.py`)
-on the small cache of `benchmarks/launch_budget_bench.py` (2 layers here, windows (0, 8)):
+"""The launch budget of a step (docs/contract.md §8.1), counted in the CUDA simulator
+(`numbakv.testing.launches`) on the small cache of `benchmarks.launch_budget.bench` (2 layers
+here, windows (0, 8)), by the rules of `benchmarks.launch_budget.rules`:
 
     declare_step + prepare_step  <= 1 copy, <= 1 launch, 0 allocations
     mask launches in the step    <= 1 with a masked attend or a mask() read, else 0
@@ -12,18 +13,18 @@ on the small cache of `benchmarks/launch_budget_bench.py` (2 layers here, window
 The tests of the counting harness itself come first.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+import numbakv.testing.launches as counting
+from benchmarks.launch_budget import bench as budget_bench
+from benchmarks.launch_budget import rules
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
-from helpers import benchmark_module
-
 N_LAYERS = 2  # the simulator is slow: two layers still give two windows
-
-counting = benchmark_module("counting")
-rules = benchmark_module("launch_budget_rules")
-budget_bench = benchmark_module("launch_budget_bench")
 
 pytestmark = pytest.mark.skipif(
     not IS_SIMULATOR, reason="counts the CUDA simulator's entry points (NUMBAKV_DEVICE=sim)"
@@ -199,9 +200,21 @@ def test_counting_is_deterministic():
 
 
 def test_counting_needs_the_simulator(monkeypatch):
-    monkeypatch.setattr(counting, "IS_SIMULATOR", False)
+    import numba  # after numbakv.cache.cuda, which chose the simulator before importing it
+
+    monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
     with pytest.raises(RuntimeError, match="NUMBAKV_DEVICE=sim"), counting.count_device_calls():
         pass
+
+
+def test_the_harness_imports_no_numba_and_the_kit_does_not_import_it(tmp_path):
+    # numba reads NUMBA_ENABLE_CUDASIM once, when imported: the harness leaves it to its user
+    code = (
+        "import sys, numbakv.testing; kit = 'numbakv.testing.launches' in sys.modules; "
+        "import numbakv.testing.launches; sys.exit(2 * kit + ('numba' in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, f"exit {done.returncode} (2: the kit, 1: numba)\n{done.stderr}"
 
 
 # -- the budget of a step ------------------------------------------------------------------

@@ -13,8 +13,6 @@ from numbakv.cache.cuda import IS_SIMULATOR
 from numbakv.device_model import DeviceModel
 from numbakv.serve.model import Model, ModelConfig
 
-from helpers import benchmark_module
-
 CONFIG = ModelConfig(
     d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=32, windows=(0, 3), vocab_size=40
 )
@@ -65,7 +63,8 @@ def test_recorded_launches_reissued_for_a_later_step_equal_an_eager_forward():
 
 @pytest.mark.skipif(not IS_SIMULATOR, reason="counts the CUDA simulator's entry points")
 def test_run_only_launches_and_stage_copies_once():
-    counting = benchmark_module("counting")
+    from numbakv.testing import launches as counting
+
     cache, dm, (a, b) = new_pair()
     dm.forward(cache, prepared(cache, [a, b], 3), [1, 2, 3], [0])  # the first use allocates
     step = prepared(cache, [a, b, b], 3)

@@ -1,15 +1,18 @@
 """Damaged trace files, a few hundred deterministic variants of each kind made by
-`benchmarks/trace_fuzz.py` (which runs many more): each is refused with a TraceError, or
-loads as a trace whose every accessor works — equal to the original when the damage was
-to the file's bytes (bit flips, truncation, splices)."""
+`trace_variants` (`python -m benchmarks.trace_fuzz` runs many more): each is refused with a
+TraceError, or loads as a trace whose every accessor works — equal to the original when the
+damage was to the file's bytes (bit flips, truncation, splices)."""
 
-import importlib.util
-from pathlib import Path
+import copy
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trace_fuzz.py"
+from numbakv.errors import TraceError
+from numbakv.trace import Trace, load_trace
+
+import trace_variants as fuzz
+
 N_VARIANTS = {
     "bits": 1200,
     "truncate": 150,
@@ -21,19 +24,9 @@ N_VARIANTS = {
 }
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("trace_fuzz", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = load_script()
-
-
 @pytest.fixture(scope="module")
 def originals():
-    return fuzz.Originals(seed=0)
+    return fuzz.Originals.recorded(seed=0)
 
 
 @pytest.mark.parametrize("kind", N_VARIANTS)
@@ -77,17 +70,13 @@ def annotated(trace):
         {"frame": f, "kind": "tick", "data": {"request": f % 3, "seqs": [f % 5], "x": f / 7}}
         for f in range(0, trace.n_frames, 3)
     ]
-    return fuzz.Trace(trace.config, trace.arrays, records)
+    return Trace(trace.config, trace.arrays, records)
 
 
 @pytest.fixture(scope="module")
 def annotated_originals(originals):
     """`fuzz.Originals` of the same two traces, annotated."""
-    o = object.__new__(fuzz.Originals)
-    o.trace, o.other = annotated(originals.trace), annotated(originals.other)
-    o.data, o.other_data = fuzz.to_bytes(o.trace), fuzz.to_bytes(o.other)
-    o.members, o.other_members = fuzz._members(o.data), fuzz._members(o.other_data)
-    return o
+    return fuzz.Originals(annotated(originals.trace), annotated(originals.other))
 
 
 @pytest.mark.parametrize(("kind", "n"), [("bits", 400), ("splice", 100), ("member", 300)])
@@ -95,18 +84,17 @@ def test_damaged_annotated_traces_are_refused_or_work(annotated_originals, tmp_p
     o, path = annotated_originals, tmp_path / "variant.npz"
     rng = np.random.default_rng(len(kind))
     if kind == "member":  # aim at the annotations member: the others are fuzzed above
-        o = object.__new__(fuzz.Originals)
-        o.__dict__.update(annotated_originals.__dict__)
+        o = copy.copy(annotated_originals)
         o.members = {"annotations.npy": annotated_originals.members["annotations.npy"]}
     outcomes = {"refused": 0, "loaded": 0}
     for data in fuzz.variants(kind, o, rng, n):
         if kind == "member":  # the variant holds only the flipped member: put the rest back
-            flipped = fuzz._members(data)
-            data = fuzz._zip(annotated_originals.members | flipped)
+            flipped = fuzz.members_of(data)
+            data = fuzz.zipped(annotated_originals.members | flipped)
         path.write_bytes(data)
         try:
-            trace = fuzz.load_trace(str(path))
-        except fuzz.TraceError:
+            trace = load_trace(str(path))
+        except TraceError:
             outcomes["refused"] += 1
             continue
         outcomes["loaded"] += 1

@@ -23,7 +23,8 @@ from numbakv.viz import (
     save_movie,
 )
 
-from helpers import benchmark_module, churn, small_config, step_with
+from helpers import churn, small_config, step_with
+from scheduler_workload import Workload
 
 N_CELLS = 65536
 
@@ -78,8 +79,7 @@ def test_a_sparse_mask_lights_every_attended_cells_pixel(tmp_path):
 
 @pytest.fixture(scope="module")
 def large_trace():
-    """300 steps of benchmarks/record_large.py's scheduler workload on 65 536 cells."""
-    record_large = benchmark_module("record_large")
+    """300 steps of scheduler_workload's Workload on 65 536 cells."""
     config = CacheConfig(
         n_layers=1,
         n_kv_heads=1,
@@ -92,7 +92,7 @@ def large_trace():
     )
     cache = CellCache(config)
     recorder = Recorder(cache)
-    workload = record_large.Workload(cache, np.random.default_rng(1), (16, 64))
+    workload = Workload(cache, np.random.default_rng(1), (16, 64))
     for _ in range(300):
         workload.step()
     return recorder.trace()

@@ -1,10 +1,11 @@
-"""Device caches filled for benchmarks/gpu_check.py: random float16 K/V kept on the device
-(RandomKV), written by prefill steps whose sequences' cells interleave."""
+"""Device caches filled for `python -m benchmarks.gpu_check`: random float16 K/V kept on the
+device (RandomKV), written by prefill steps whose sequences' cells interleave."""
 
 import collections
 
 import numpy as np
-from gpu_check_run import Run
+
+from benchmarks.gpu_check.run import Run
 
 
 class RandomKV:
@@ -20,7 +21,7 @@ class RandomKV:
         self.k_d, self.v_d = cuda.to_device(self.k_h), cuda.to_device(self.v_h)
         self.rows_of: dict[int, list[np.ndarray]] = {}  # seq -> its block rows by position
 
-    def take(self, seq_ids: np.ndarray):
+    def take(self, seq_ids: np.ndarray) -> tuple:
         """(k, v) device views [len(seq_ids), n_kv_heads, head_dim] for a step's tokens."""
         n = len(seq_ids)
         start = int(self.rng.integers(0, len(self.k_h) - n + 1))
@@ -38,7 +39,7 @@ class RandomKV:
 def prefilled_cache(
     run: Run, *, n_layers: int, n_kv_heads: int, head_dim: int, batch: int, max_seq_len: int,
     history: int, seed: int,
-):  # fmt: skip
+) -> tuple:  # fmt: skip
     """(cache, sequences, K/V, prefill steps taken): a float16 device cache of `batch`
     sequences of up to `max_seq_len` positions, room for them all allocated up front, each
     sequence prefilled with `history` positions."""
@@ -58,7 +59,7 @@ def prefilled_cache(
     return cache, seqs, kv, n_steps
 
 
-def prefill(cache, seqs: list[int], length: int, kv: RandomKV, piece: int) -> int:
+def prefill(cache: object, seqs: list[int], length: int, kv: RandomKV, piece: int) -> int:
     """Prefill steps of max_width tokens (the last one fewer): `piece` tokens of each
     sequence in turn, round robin, so that their cells interleave, until every sequence holds
     `length` positions; each step's K/V written to every layer. Returns the steps taken."""

@@ -1,5 +1,6 @@
-"""Issue 12's launch budget of a step: the steps measured (Case), what one of them did
-(Measurement), and each way it is past the budget (`Measurement.breaches`).
+"""The launch budget of a step (docs/contract.md §8.1): its numbers, the steps measured
+(Case), what one of them did (Measurement), and each way it is past the budget
+(`Measurement.breaches`).
 
 A mask launch is one of a kernel whose name holds "mask" and does not start with "attend"
 (`write_mask`; `attend_masked_*` are attention). It counts against the step, wherever it
@@ -9,7 +10,7 @@ against a layer's launches.
 
 from dataclasses import dataclass, field
 
-from counting import DeviceCalls, is_default_stream
+from numbakv.testing.launches import DeviceCalls, is_default_stream
 
 PREPARE_LAUNCHES, PREPARE_COPIES = 1, 1  # declare_step + prepare_step, 0 allocations
 STEP_MASK_LAUNCHES = 1  # in a step with a masked attend or a mask() read, else 0
@@ -23,6 +24,7 @@ def is_mask_launch(name: str) -> bool:
 
 
 def non_mask_launches(calls: DeviceCalls) -> int:
+    """The launches of `calls` that are not mask launches."""
     return sum(1 for launch in calls.launches if not is_mask_launch(launch.name))
 
 
@@ -91,7 +93,7 @@ class Measurement:
     def mask_launches(self) -> int:
         return sum(1 for launch in self.calls.launches if is_mask_launch(launch.name))
 
-    def stream_name(self, stream) -> str:
+    def stream_name(self, stream: object) -> str:
         """Whose `stream` is: "default", "given" (to prepare_step), "own" (made by the
         cache) or "other"."""
         if is_default_stream(stream):

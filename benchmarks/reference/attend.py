@@ -1,28 +1,21 @@
-"""What one reference `attend` costs at 65 536 cells: gathered (each token's own cells in
-position order) against masked (the step's [width x read_len] mask). Prints figures;
-asserts nothing about timing.
+"""One reference `attend` at 65 536 cells: gathered against masked.
 
-    python benchmarks/reference_attend.py              # read_len ~60 000, width 256
-    python benchmarks/reference_attend.py --quick      # read_len ~6 000
-
-The cache: a 512-token system prompt cloned into `--seqs` requests, each prefilled to
-`--prompt` tokens (K/V left as allocated: only the step's rows are written). The timed step:
-one decode token of every request but the last, and a prefill chunk of the last filling
-width 256. Per window (0 = global, and 512), the median over `--repeat` attends of
+gathered: each token's own cells in position order; masked: the step's [width x read_len]
+mask. The cache: a 512-token system prompt cloned into `--seqs` requests, each prefilled
+to `--prompt` tokens (K/V left as allocated: only the step's rows are written). The timed
+step: one decode token of every request but the last, and a prefill chunk of the last
+filling width 256. Per window (0 = global, and 512), the median over `--repeat` attends of
 gathered, of masked with the mask already computed, and of the first masked attend of a
 step (which computes the window's mask).
 """
 
 import argparse
+import functools
 import statistics
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
-
+from benchmarks.common import timed
 from numbakv.reference import CacheConfig, CellCache
 
 SYSTEM, WIDTH = 512, 256
@@ -48,22 +41,14 @@ def prefill(cache: CellCache, ids: list[int]) -> None:
         cache.prepare_step()
 
 
-def median_ms(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqs", type=int, default=120)
     parser.add_argument("--prompt", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="--seqs 12 --repeat 3")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.quick:
         args.seqs, args.repeat = 12, 3
     cache, requests = filled_cache(args.seqs, args.prompt)
@@ -83,25 +68,23 @@ def main(argv=None) -> int:
         for layer in range(cfg.n_layers):
             cache.write(layer, kv, kv)
 
-    def first_masked(layer):
-        new_step()  # untimed: a fresh step, whose masks are not computed yet
-        started = time.perf_counter()
-        cache.attend(layer, q, mode="masked")
-        return time.perf_counter() - started
+    def median_ms(attend) -> float:
+        return 1e3 * statistics.median(timed(attend, args.repeat))
 
     for layer, window in enumerate(cfg.windows):
         new_step()
-        attend = {mode: lambda mode=mode, layer=layer: cache.attend(layer, q, mode=mode)
-                  for mode in ("gathered", "masked")}  # fmt: skip
-        gathered = median_ms(attend["gathered"], args.repeat)
-        first = 1e3 * statistics.median(first_masked(layer) for _ in range(args.repeat))
-        cached = median_ms(attend["masked"], args.repeat)
+        gathered, masked = (
+            functools.partial(cache.attend, layer, q, mode=mode) for mode in ("gathered", "masked")
+        )
+        gathered_ms = median_ms(gathered)
+        first = []
+        for _ in range(args.repeat):
+            new_step()  # untimed: a fresh step, whose masks are not computed yet
+            first += timed(masked, 1)
+        first_ms = 1e3 * statistics.median(first)
+        cached_ms = median_ms(masked)
         for seq in requests:  # undo the timed steps' tokens
             cache.rewind(seq, args.prompt)
-        print(f"window {window:>3}: gathered {gathered:7.1f} ms | masked {cached:7.1f} ms "
-              f"with the mask computed, {first:7.1f} ms computing it")  # fmt: skip
+        print(f"window {window:>3}: gathered {gathered_ms:7.1f} ms | masked {cached_ms:7.1f} ms "
+              f"with the mask computed, {first_ms:7.1f} ms computing it")  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ method is replaced on the simulator's kernel, array, stream or event class.
 
 import sys
 
-import counting_wrappers as wrap
+import numbakv.testing.launches.wrappers as wrap
 
 ALLOCATORS = (  # the simulator's devicearray functions that allocate (to_device aside)
     "device_array",
@@ -71,6 +71,7 @@ def _numba_modules() -> list:
 
 
 def install() -> None:
+    """Puts every wrapper in place, remembering each original."""
     functions, classes = _plan()
     for module in _numba_modules():
         namespace = getattr(module, "__dict__", {})
@@ -84,6 +85,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
+    """Puts every original back, in the reverse order of `install`."""
     while _installed:
         owner, name, original = _installed.pop()
         if original is _ABSENT:

@@ -1,5 +1,6 @@
 """How each entry point of numba's CUDA simulator is counted: the wrappers that
-`counting_patches` puts in place of the originals, and the counters they report to.
+`numbakv.testing.launches.patches` puts in place of the originals, and the counters they
+report to.
 
 A call made inside another counted call is not counted again: `device_array_like` is one
 allocation, not two; `to_device(x, to=d)` is one copy. The copies a launch makes of NumPy
@@ -14,9 +15,11 @@ import inspect
 import threading
 import weakref
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import numpy as np
-from counting_calls import NO_STREAM, STREAM_KINDS, Call, Launch
+
+from numbakv.testing.launches.records import NO_STREAM, STREAM_KINDS, Call, Launch
 
 ACTIVE: list = []  # the DeviceCalls of the blocks now open, outermost first
 
@@ -93,6 +96,8 @@ def to_device(original: Callable) -> Callable:
 
 
 def synchronization(name: str, original: Callable, takes_stream: bool = False) -> Callable:
+    """A synchronization entry point: one ("synchronizations", name), with the stream it
+    was given when it takes one."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -117,7 +122,7 @@ def default_stream(name: str, stream_class: type) -> Callable:
         return stream
 
     make_default_stream.__name__ = make_default_stream.__qualname__ = name
-    make_default_stream.__doc__ = f"`cuda.{name}()`, counted (see benchmarks/counting.py)."
+    make_default_stream.__doc__ = f"`cuda.{name}()`, counted (numbakv.testing.launches)."
     return make_default_stream
 
 
@@ -160,6 +165,7 @@ def auto_synchronize(original: Callable) -> Callable:
 
 
 def event_record(original: Callable) -> Callable:
+    """event.record: an ("events", "event.record") with the stream it was given."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -171,7 +177,7 @@ def event_record(original: Callable) -> Callable:
     return record
 
 
-def array_methods(array_class: type, kernel_module) -> dict[str, Callable]:
+def array_methods(array_class: type, kernel_module: ModuleType) -> dict[str, Callable]:
     """copy_to_device, copy_to_host, __getitem__ and __setitem__ of the simulator's array;
     one element read or written from the host is a copy, indexing inside a kernel is not."""
     to_device = array_class.__dict__["copy_to_device"]
@@ -218,7 +224,9 @@ def array_methods(array_class: type, kernel_module) -> dict[str, Callable]:
     }
 
 
-def kernel_methods(kernel_class: type, kernel_module, array_class: type) -> dict[str, Callable]:
+def kernel_methods(
+    kernel_class: type, kernel_module: ModuleType, array_class: type
+) -> dict[str, Callable]:
     """__getitem__ (remembers the stream slot, which the simulator drops) and __call__
     (counts a launch from the host) of the simulator's kernel."""
     configure = kernel_class.__dict__["__getitem__"]

@@ -1,17 +1,19 @@
-"""Decode steps of the device-resident model in benchmarks/gpu_check.py, eager against
-replayed: a deep `DeviceModel` over the device cache, `batch` sequences with a short history,
-then per timed step the same tokens twice at the same positions, once launched kernel by
-kernel and once as the replay of one captured step (a CUDA graph on a GPU, recorded
-launches on the simulator). The wall clock of each covers declare_step + prepare_step +
-stage + the launches + the logits copied back; the two logits must be equal bit for bit."""
+"""Decode steps of the device-resident model in `python -m benchmarks.gpu_check`, eager
+against replayed: a deep `DeviceModel` over the device cache, `batch` sequences with a
+short history, then per timed step the same tokens twice at the same positions, once
+launched kernel by kernel and once as the replay of one captured step (a CUDA graph on a
+GPU, recorded launches on the simulator). The wall clock of each covers declare_step +
+prepare_step + stage + the launches + the logits copied back; the two logits must be
+equal bit for bit."""
 
 import time
 
 import numpy as np
-from gpu_check_run import Run
+
+from benchmarks.gpu_check.run import Run
 
 
-def build(run: Run, batch: int):
+def build(run: Run, batch: int) -> tuple:
     """(device model, cache, its `batch` sequences) after a prefill of `model_history` tokens
     each (eager forwards)."""
     from numbakv.device_model import DeviceModel
@@ -40,7 +42,7 @@ def build(run: Run, batch: int):
     return model, cache, seqs
 
 
-def decode_step(model, cache, seqs: list[int], tokens: np.ndarray):
+def decode_step(model: object, cache: object, seqs: list[int], tokens: np.ndarray) -> object:
     """Declares and prepares one token per sequence and stages its tokens: the step."""
     cache.declare_step(seqs)
     step = cache.prepare_step()

@@ -1,5 +1,6 @@
-"""The first part of benchmarks/gpu_check.py: the interpreter, numpy and numba against the
-pins of pyproject.toml, torch, CuPy, and the device (its name, size and CUDA versions)."""
+"""The first part of `python -m benchmarks.gpu_check`: the interpreter, numpy and numba
+against the pins of pyproject.toml, torch, CuPy, and the device (its name, size and CUDA
+versions)."""
 
 import importlib.metadata
 import platform
@@ -7,8 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from gpu_check_run import Run
-from gpu_check_torch import find_torch, torch_note
+from benchmarks.gpu_check.run import Run
+from benchmarks.gpu_check.torch_sdpa import find_torch, torch_note
 
 PINS = {  # package: (lowest accepted, first refused), from pyproject.toml
     "numpy": ((2, 0), None),
@@ -69,8 +70,6 @@ def _distributions() -> list[str]:
 
 def _device_lines(cuda) -> list[str]:
     """The GPU's name, size and CUDA versions; a figure numba cannot give says why."""
-    from numba.cuda.cudadrv import driver, runtime
-
     device = cuda.get_current_device()
 
     def name():
@@ -88,8 +87,8 @@ def _device_lines(cuda) -> list[str]:
         f"device      {_ask(name)}, compute capability {_ask(lambda: device.compute_capability)}, "
         f"{_ask(lambda: device.MULTIPROCESSOR_COUNT)} SMs",
         f"memory      {_ask(memory)}; nominal {_ask(nominal)}",
-        f"CUDA        driver {_ask(lambda: driver.driver.get_version())}, runtime (NVRTC) "
-        f"{_ask(lambda: runtime.runtime.get_version())}",
+        f"CUDA        driver {_ask(lambda: cuda.cudadrv.driver.driver.get_version())}, runtime "
+        f"(NVRTC) {_ask(lambda: cuda.runtime.get_version())}",
     ]
 
 

@@ -1,6 +1,6 @@
-"""The parts of benchmarks/gpu_check.py that run as commands of their own: the launch budget
-(on the simulator) and the device tests (pytest, in the time left), each killed whole at its
-time limit with its output kept."""
+"""The parts of `python -m benchmarks.gpu_check` that run as commands of their own: the launch
+budget (on the simulator) and the device tests (pytest, in the time left), each killed whole
+at its time limit with its output kept."""
 
 import contextlib
 import gc
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-from gpu_check_run import ROOT, Run
+from benchmarks.gpu_check.run import ROOT, Run
 
 RESERVE_S = 15  # kept from the device tests for the table and the teardown
 TEST_MODULES = ("pytest", "hypothesis", "ml_dtypes")  # what tests/cache and tests/contract import
@@ -21,9 +21,9 @@ TEST_PATHS = ("tests/cache", "tests/contract")
 
 def run_command(args: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
     """(exit code or None when it ran past `timeout` s and was killed, its output), echoed
-    line by line as it comes. Runs at the checkout's root with this checkout's numbakv."""
-    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **env}
+    line by line as it comes; `env` added to the environment. Runs at the checkout's root,
+    where `python -m` finds this checkout's numbakv first."""
+    env = {**os.environ, **env}
     process = subprocess.Popen(
         args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group, killed whole at the timeout
@@ -49,14 +49,10 @@ def run_command(args: list[str], env: dict[str, str], timeout: float) -> tuple[i
 
 
 def part_launch_budget(run: Run) -> None:
-    script = ROOT / "benchmarks" / "launch_budget.py"
-    case = "benchmarks/launch_budget.py --check (sim)"
-    if not script.exists():
-        print(f"  {script.relative_to(ROOT)} is missing: skipped")
-        run.add("launch budget", case, result="skipped: missing")
-        return
+    """`python -m benchmarks.launch_budget --check` on the simulator."""
+    case = "benchmarks.launch_budget --check (sim)"
     code, _ = run_command(
-        [sys.executable, str(script), "--check"], {"NUMBAKV_DEVICE": "sim"},
+        [sys.executable, "-m", "benchmarks.launch_budget", "--check"], {"NUMBAKV_DEVICE": "sim"},
         timeout=max(30.0, min(180.0, run.time_left() - 120)),
     )  # fmt: skip
     result = "ok" if code == 0 else "FAIL: timed out" if code is None else f"FAIL: exit {code}"
@@ -64,6 +60,7 @@ def part_launch_budget(run: Run) -> None:
 
 
 def part_device_tests(run: Run) -> None:
+    """pytest of TEST_PATHS on the GPU, in the time left; skipped on the simulator."""
     case = " ".join(TEST_PATHS)
     missing = [name for name in TEST_MODULES if importlib.util.find_spec(name) is None]
     timeout = run.time_left() - RESERVE_S

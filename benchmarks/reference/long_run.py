@@ -1,26 +1,27 @@
-"""Part 3 of `reference_steps.py`: a long run of small random steps through the reference."""
+"""Part 3 of `python -m benchmarks.reference steps`: a long run of small random steps through
+the reference (4 sequences, capacity 512), to show it stays usable for tests of thousands of
+steps: each step maybe rewinds a sequence or removes and renews one, then decodes or
+prefills 1..4 of them; the longest sequence is halved when cells run short."""
 
 import argparse
 import time
 
 import numpy as np
-from report import HEAD_DIM, N_HEADS, N_KV_HEADS, print_table, windows_for
 
+from benchmarks.common import print_table
+from benchmarks.reference import HEAD_DIM, N_HEADS, N_KV_HEADS, windows_for
 from numbakv.reference import CacheConfig, CellCache
 
 
 def part_long_run(args: argparse.Namespace) -> None:
+    """`args.long_steps` steps of `args.layers` layers from seed `args.seed`: their time,
+    split into verbs, table and K/V, and the churn they went through."""
     n_seqs, capacity, max_width = 4, 512, 16
     config = CacheConfig(
-        n_layers=args.layers,
-        n_kv_heads=N_KV_HEADS,
-        head_dim=HEAD_DIM,
-        capacity=capacity,
-        max_width=max_width,
-        max_seqs=n_seqs,
-        windows=windows_for(args.layers, 32),
+        n_layers=args.layers, n_kv_heads=N_KV_HEADS, head_dim=HEAD_DIM, capacity=capacity,
+        max_width=max_width, max_seqs=n_seqs, windows=windows_for(args.layers, 32),
         dtype="float16",
-    )
+    )  # fmt: skip
     print(
         f"\n3. long run: {args.long_steps} steps, {n_seqs} sequences, capacity {capacity}, "
         f"max_width {max_width}, float16, windows {config.windows}"
@@ -79,39 +80,16 @@ def part_long_run(args: argparse.Namespace) -> None:
     elapsed = time.perf_counter() - start
     steps = args.long_steps
     print_table(
-        [
-            "steps",
-            "tokens",
-            "seconds",
-            "steps/s",
-            "ms/step",
-            "verbs ms",
-            "table ms",
-            "kv ms",
-            "rewinds",
-            "renews",
-            "halvings",
-            "max read_len",
-            "growths",
-        ],
-        [
-            [
-                str(steps),
-                str(counts["tokens"]),
-                f"{elapsed:.2f}",
-                f"{steps / elapsed:.0f}",
-                f"{1e3 * elapsed / steps:.2f}",
-                f"{1e3 * verb_s / steps:.3f}",
-                f"{1e3 * table_s / steps:.3f}",
-                f"{1e3 * kv_s / steps:.3f}",
-                str(counts["rewinds"]),
-                str(counts["renews"]),
-                str(counts["halvings"]),
-                str(max_read_len),
-                str(cache.growth_count),
-            ]
-        ],
-    )
+        ["steps", "tokens", "seconds", "steps/s", "ms/step", "verbs ms", "table ms", "kv ms",
+         "rewinds", "renews", "halvings", "max read_len", "growths"],
+        [[
+            str(steps), str(counts["tokens"]), f"{elapsed:.2f}", f"{steps / elapsed:.0f}",
+            f"{1e3 * elapsed / steps:.2f}", f"{1e3 * verb_s / steps:.3f}",
+            f"{1e3 * table_s / steps:.3f}", f"{1e3 * kv_s / steps:.3f}", str(counts["rewinds"]),
+            str(counts["renews"]), str(counts["halvings"]), str(max_read_len),
+            str(cache.growth_count),
+        ]],
+    )  # fmt: skip
     print(
         "   verbs: rewind/seq_rm/seq_new churn; table: declare+prepare; kv: write+attend "
         "over all layers (means per step)"

@@ -1,16 +1,17 @@
-"""torch beside numbakv in benchmarks/gpu_check.py, where it has CUDA: found once, and its
-scaled_dot_product_attention timed on the same K/V as numbakv's attention. Anything torch
-cannot do is said (a str in place of a result), and the rest runs."""
+"""torch beside numbakv in `python -m benchmarks.gpu_check`, where it has CUDA: found once,
+and its scaled_dot_product_attention timed on the same K/V as numbakv's attention. Anything
+torch cannot do is said (a str in place of a result), and the rest runs."""
 
 import functools
 import importlib.util
 
 import numpy as np
-from gpu_check_fill import RandomKV
-from gpu_check_run import Run
+
+from benchmarks.gpu_check.fill import RandomKV
+from benchmarks.gpu_check.run import Run
 
 
-def find_torch():
+def find_torch() -> object:
     """The torch module when it imports and sees a GPU, else why not (a str)."""
     if importlib.util.find_spec("torch") is None:
         return "torch: not installed"
@@ -22,10 +23,11 @@ def find_torch():
 
 
 def torch_note(torch) -> str:
+    """torch's version, its CUDA's and the device's name."""
     return f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}"
 
 
-def dense_kv(run: Run, kv: RandomKV, seqs: list[int]):
+def dense_kv(run: Run, kv: RandomKV, seqs: list[int]) -> tuple | str:
     """The K/V `seqs` hold as torch tensors [batch, n_kv_heads, n_cells, head_dim] float16
     on the GPU, or why not (a str)."""
     if isinstance(run.torch, str):
@@ -35,7 +37,7 @@ def dense_kv(run: Run, kv: RandomKV, seqs: list[int]):
     return tuple(torch.from_numpy(np.stack(x).transpose(0, 2, 1, 3).copy()).cuda() for x in (k, v))
 
 
-def torch_sdpa(run: Run, dense, q_h):
+def torch_sdpa(run: Run, dense: tuple | str, q_h: np.ndarray) -> tuple | str:
     """(median seconds, [batch, n_heads, head_dim] float32) of torch's
     scaled_dot_product_attention on `dense` (q rounded to float16), or why not (a str)."""
     if isinstance(dense, str):

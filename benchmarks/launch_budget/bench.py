@@ -10,14 +10,15 @@ growth later), max_width 16, the first half of the layers global and the rest of
 
 import inspect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from counting import DeviceCalls, count_device_calls
-from launch_budget_rules import Case, Measurement
 
+from benchmarks.launch_budget.rules import Case, Measurement
 from numbakv.cache.cuda import cuda
 from numbakv.config import CacheConfig
+from numbakv.testing.launches import DeviceCalls, count_device_calls
 
 N_KV_HEADS, N_HEADS, HEAD_DIM = 2, 4, 16
 CAPACITY, MAX_WIDTH, MAX_SEQS = 256, 16, 8
@@ -26,7 +27,7 @@ HISTORY = (5, 9, 13, 7)  # positions each sequence holds before the measured ste
 PREFILL_CHUNK = 6  # tokens per sequence in a prefill step (two sequences: width 12)
 
 
-def accepts(method, name: str) -> bool:
+def accepts(method: Callable, name: str) -> bool:
     """True when `method`'s signature has a parameter `name`."""
     try:
         return name in inspect.signature(method).parameters
@@ -106,7 +107,9 @@ class Bench:
             cache.rewind(seq, cache.pos(seq) - 1)
         return calls
 
-    def measure(self, case: Case, stream=None, seq_ids=None) -> Measurement:
+    def measure(
+        self, case: Case, stream: object = None, seq_ids: list[int] | None = None
+    ) -> Measurement:
         """Runs one step of `case` under a counter: declare and prepare (with `stream` when
         given and the cache takes one), write and attend every layer, mask() if asked."""
         cache = self.cache

@@ -1,9 +1,4 @@
-"""How fast is the NumPy reference cell cache? Prints figures; asserts nothing about timing.
-
-    python benchmarks/reference_steps.py            # full run (about 20 s on 2 cores)
-    python benchmarks/reference_steps.py --quick    # a few seconds
-
-Three parts:
+"""The reference's step: decode throughput, capacity scaling, a long run (`--parts 1,2,3`).
 
 1. decode throughput: `--seqs` sequences of `--tokens` tokens each (built by prefills of
    at most max_width tokens, random K/V), then decode steps of one token per sequence:
@@ -15,34 +10,22 @@ Three parts:
 2. capacity scaling: the same decode step with capacity 16 Ki ... 1 Mi cells. The pool
    only grows with read_len, so capacity costs just the cell table: [capacity] int32
    positions and [capacity, ceil(max_seqs/64)] uint64 owners.
-3. a long run: `--long-steps` small steps (4 sequences, capacity 512) of random
-   decode/prefill with rewind and remove/new churn, to show the reference stays usable
-   for tests of thousands of steps.
+3. a long run: `--long-steps` small steps of random decode/prefill with rewind and
+   remove/new churn (`benchmarks.reference.long_run`).
 
 Timings use time.perf_counter after warm-up steps (the first decode step grows the pool).
 """
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
-from reference_long_run import part_long_run
-from report import (
-    HEAD_DIM,
-    KI,
-    MI,
-    N_HEADS,
-    N_KV_HEADS,
-    cells_label,
-    mib,
-    print_machine,
-    print_table,
-    windows_for,
-)
 
+from benchmarks.common import KI, MI, cells_label, mib, print_machine, print_table
+from benchmarks.reference import HEAD_DIM, N_HEADS, N_KV_HEADS, windows_for
+from benchmarks.reference.long_run import part_long_run
 from numbakv.reference import CacheConfig, CellCache
 
 MAX_WIDTH = 64
@@ -77,9 +60,6 @@ def header(args: argparse.Namespace) -> None:
     )
 
 
-# -- part 1 and 2: decode steps over a built history ---------------------------
-
-
 @dataclass
 class DecodeResult:
     table_ms: float  # median over repeats of the mean declare+prepare time per step
@@ -102,15 +82,9 @@ def decode_bench(
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
     config = CacheConfig(
-        n_layers=args.layers,
-        n_kv_heads=N_KV_HEADS,
-        head_dim=HEAD_DIM,
-        capacity=capacity,
-        max_width=MAX_WIDTH,
-        max_seqs=args.seqs,
-        windows=windows,
-        dtype=dtype,
-    )
+        n_layers=args.layers, n_kv_heads=N_KV_HEADS, head_dim=HEAD_DIM, capacity=capacity,
+        max_width=MAX_WIDTH, max_seqs=args.seqs, windows=windows, dtype=dtype,
+    )  # fmt: skip
     cache = CellCache(config)
     construct_s = time.perf_counter() - t0
 
@@ -192,35 +166,16 @@ def part_throughput(args: argparse.Namespace) -> None:
         windows = windows_for(args.layers, window)
         r = decode_bench(args, dtype, windows, capacity)
         growths += r.growths_timed
-        rows.append(
-            [
-                dtype,
-                str(windows).replace(" ", ""),
-                f"{r.build_s:.2f}",
-                str(r.read_len),
-                f"{r.table_ms:.2f}",
-                f"{r.kv_ms:.2f}",
-                f"{r.total_ms:.2f}",
-                f"{r.best_ms:.2f}",
-                f"{1e3 / r.total_ms:.1f}",
-                f"{args.seqs * 1e3 / r.total_ms:.0f}",
-            ]
-        )
+        rows.append([
+            dtype, str(windows).replace(" ", ""), f"{r.build_s:.2f}", str(r.read_len),
+            f"{r.table_ms:.2f}", f"{r.kv_ms:.2f}", f"{r.total_ms:.2f}", f"{r.best_ms:.2f}",
+            f"{1e3 / r.total_ms:.1f}", f"{args.seqs * 1e3 / r.total_ms:.0f}",
+        ])  # fmt: skip
     print_table(
-        [
-            "dtype",
-            "windows",
-            "build s",
-            "read_len",
-            "table ms",
-            "kv ms",
-            "step ms",
-            "best ms",
-            "steps/s",
-            "tokens/s",
-        ],
+        ["dtype", "windows", "build s", "read_len", "table ms", "kv ms", "step ms", "best ms",
+         "steps/s", "tokens/s"],
         rows,
-    )
+    )  # fmt: skip
     print(
         "   build s: prefill of the history (chunks of max_width); table/kv/step ms: "
         "median per decode step;\n"
@@ -241,34 +196,18 @@ def part_capacity(args: argparse.Namespace) -> None:
     base = results[0][1]
     rows = [
         [
-            cells_label(capacity),
-            mib(r.table_bytes),
-            str(r.rows),
-            mib(r.pool_bytes),
-            f"{1e3 * r.construct_s:.1f}",
-            f"{r.build_s:.2f}",
-            f"{r.table_ms:.2f}",
-            f"{r.total_ms:.2f}",
-            f"{r.table_ms / base.table_ms:.2f}",
+            cells_label(capacity), mib(r.table_bytes), str(r.rows), mib(r.pool_bytes),
+            f"{1e3 * r.construct_s:.1f}", f"{r.build_s:.2f}", f"{r.table_ms:.2f}",
+            f"{r.total_ms:.2f}", f"{r.table_ms / base.table_ms:.2f}",
             f"{r.total_ms / base.total_ms:.2f}",
         ]
         for capacity, r in results
-    ]
+    ]  # fmt: skip
     print_table(
-        [
-            "capacity",
-            "table MiB",
-            "pool rows",
-            "pool MiB",
-            "init ms",
-            "build s",
-            "table ms",
-            "step ms",
-            "table x",
-            "step x",
-        ],
+        ["capacity", "table MiB", "pool rows", "pool MiB", "init ms", "build s", "table ms",
+         "step ms", "table x", "step x"],
         rows,
-    )
+    )  # fmt: skip
     print(
         "   table MiB: cell table ([capacity] int32 + [capacity, words] uint64); pool rows/MiB: "
         "K+V of all layers,\n"
@@ -277,13 +216,7 @@ def part_capacity(args: argparse.Namespace) -> None:
     )
 
 
-# -- main ------------------------------------------------------------------------
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Decode throughput, capacity scaling and a long run of numbakv.reference.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps, repeats, capacities")
     parser.add_argument("--seqs", type=int, default=16, help="sequences decoded together (16)")
     parser.add_argument("--tokens", type=int, default=512, help="history per sequence (512)")
@@ -298,17 +231,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(16384,65536,262144,1048576; quick 16384,262144)",
     )
     parser.add_argument(
-        "--throughput-capacity",
-        type=int,
-        default=16 * KI,
-        help="capacity for part 1 (16384)",
+        "--throughput-capacity", type=int, default=16 * KI, help="capacity for part 1 (16384)"
     )
     parser.add_argument("--long-steps", type=int, help="steps of part 3 (2000; quick 300)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (0)")
     parser.add_argument(
         "--parts", default="1,2,3", help="comma-separated parts to run (default 1,2,3)"
     )
-    args = parser.parse_args(argv)
+
+
+def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Fills the defaults of --quick or not, and refuses a workload that cannot run."""
     defaults = QUICK if args.quick else FULL
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -325,11 +258,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.seqs > MAX_WIDTH:
         parser.error(f"--seqs must be at most max_width={MAX_WIDTH} (one decode step)")
     args.parts = {int(p) for p in args.parts.split(",")}
-    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check_arguments(args, parser)
     start = time.perf_counter()
     header(args)
     if 1 in args.parts:
@@ -340,7 +272,3 @@ def main(argv: list[str] | None = None) -> int:
         part_long_run(args)
     print(f"\ntotal {time.perf_counter() - start:.1f} s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,14 @@
-"""The host cost of a decode step in benchmarks/gpu_check.py: steps through every layer of
-a deep cache with device inputs and no model (declare_step, prepare_step, then write +
-attend per layer), timed three ways: the host's wall clock until the last launch returns,
-CUDA events over the step, and the wall clock to a synchronize."""
+"""The host cost of a decode step in `python -m benchmarks.gpu_check`: steps through every
+layer of a deep cache with device inputs and no model (declare_step, prepare_step, then
+write + attend per layer), timed three ways: the host's wall clock until the last launch
+returns, CUDA events over the step, and the wall clock to a synchronize."""
 
 import time
 
 import numpy as np
-from gpu_check_fill import prefilled_cache
-from gpu_check_run import Run
+
+from benchmarks.gpu_check.fill import prefilled_cache
+from benchmarks.gpu_check.run import Run
 
 
 def part_decode_step(run: Run) -> None:

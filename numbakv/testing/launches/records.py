@@ -1,5 +1,5 @@
-"""What `counting.count_device_calls` records: one Call per counted call of numba.cuda (a
-Launch for a kernel launch), and DeviceCalls, the log in call order with views by category.
+"""What `count_device_calls` records: one Call per counted call of numba.cuda (a Launch for
+a kernel launch), and DeviceCalls, the log in call order with views by category.
 
 The categories and their entry points:
 
@@ -92,7 +92,7 @@ class Call:
 STREAM_KINDS: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
 
 
-def is_default_stream(stream) -> bool:
+def is_default_stream(stream: object) -> bool:
     """True for the legacy default stream: 0, None, or a stream that `cuda.default_stream()`
     (or its legacy / per-thread twins) made while a counter was active. The simulator's
     default streams are of the same class as `cuda.stream()`'s, so one made while no counter
@@ -107,7 +107,7 @@ def is_default_stream(stream) -> bool:
         return False
 
 
-def stream_kind(stream) -> str:
+def stream_kind(stream: object) -> str:
     """How `stream` was made: "default" (see is_default_stream), "stream" (by `cuda.stream()`
     while a counter was active), "unknown" (while none was), or "none" (NO_STREAM)."""
     if stream is NO_STREAM:
@@ -123,7 +123,7 @@ def stream_kind(stream) -> str:
 class DeviceCalls:
     """What `count_device_calls` saw, in call order (`calls`); views by category below."""
 
-    def __init__(self, calls: list[Call] | None = None):
+    def __init__(self, calls: list[Call] | None = None) -> None:
         self.calls: list[Call] = [] if calls is None else calls
 
     def __len__(self) -> int:
@@ -147,13 +147,14 @@ class DeviceCalls:
 
     @property
     def launches(self) -> list[Launch]:
+        """The Launch of every kernel launch, in order."""
         return [call.detail for call in self.calls if call.category == "launches"]
 
     def of(self, *categories: str) -> list[Call]:
         """The calls of `categories`, in order."""
         return [call for call in self.calls if call.category in categories]
 
-    def streams(self, categories=("launches", "copies")) -> list:
+    def streams(self, categories: tuple[str, ...] = ("launches", "copies")) -> list:
         """The distinct streams the calls of `categories` used (by identity; 0 and None as
         values), in order of first use."""
         found: list = []
@@ -162,11 +163,11 @@ class DeviceCalls:
                 found.append(call.stream)
         return found
 
-    def on_default_stream(self, categories=("launches", "copies")) -> list[Call]:
+    def on_default_stream(self, categories: tuple[str, ...] = ("launches", "copies")) -> list[Call]:
         """The calls of `categories` that went to the legacy default stream."""
         return [call for call in self.of(*categories) if is_default_stream(call.stream)]
 
-    def label(self, stream) -> str:
+    def label(self, stream: object) -> str:
         """A short name for `stream`: "default", "-" for NO_STREAM, else "s1", "s2", ... in
         order of first use in these calls ("s?" for one they never used)."""
         if stream is NO_STREAM:

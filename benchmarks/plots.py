@@ -1,9 +1,9 @@
-"""Drawing every picture of a large trace (issue 15's budget: all plots of a 4 000-step x
-65 536-cell trace in <= 10 s and <= 1 GB peak memory).
+"""What drawing every picture of a large trace costs (a 4 000-step x 65 536-cell trace: all of
+them within 10 s and 1 GB peak memory is the aim).
 
-    python benchmarks/record_large.py --long --save big.npz
-    python benchmarks/plot_large.py big.npz              # every kind, then `all`
-    python benchmarks/plot_large.py big.npz --kind timeline
+    python -m benchmarks.recording large --long --save big.npz
+    python -m benchmarks.plots big.npz              # every kind, then `all`
+    python -m benchmarks.plots big.npz --kind timeline
 
 Prints the seconds of loading the trace and of drawing and saving each picture (PNG, to a
 temporary folder), and the process's peak resident memory (getrusage; loading numpy and
@@ -17,16 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's numbakv
-
 from numbakv.cli import main as cli_main
 
 KINDS = ("cells", "mask", "timeline", "metrics", "locality", "movie", "all")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trace", help="a .npz trace (benchmarks/record_large.py --save)")
+    parser.add_argument("trace", help="a .npz trace (benchmarks.recording large --save)")
     parser.add_argument("--kind", choices=KINDS, action="append", help="default: every kind")
     args = parser.parse_args(argv)
     total = 0.0

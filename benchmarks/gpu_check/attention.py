@@ -1,14 +1,15 @@
-"""Memory bandwidth in benchmarks/gpu_check.py: a device-to-device copy's, and decode
-attention's held to it, every output checked against numbakv.reference's solo oracle and
-compared with torch's scaled_dot_product_attention where torch has CUDA."""
+"""Memory bandwidth in `python -m benchmarks.gpu_check`: a device-to-device copy's, and
+decode attention's held to it, every output checked against numbakv.reference's solo
+oracle and compared with torch's scaled_dot_product_attention where torch has CUDA."""
 
 import functools
 import time
 
 import numpy as np
-from gpu_check_fill import RandomKV, prefilled_cache
-from gpu_check_run import TOLERANCE, Run
-from gpu_check_torch import dense_kv, torch_sdpa
+
+from benchmarks.gpu_check.fill import RandomKV, prefilled_cache
+from benchmarks.gpu_check.run import ERR_BOUND, Run
+from benchmarks.gpu_check.torch_sdpa import dense_kv, torch_sdpa
 
 
 def part_copy(run: Run) -> None:
@@ -30,6 +31,7 @@ def part_copy(run: Run) -> None:
 
 
 def part_attention(run: Run) -> None:
+    """Every (batch, cells) case of the run's shapes."""
     for batch, n_cells in run.shapes.cases:
         attention_case(run, batch, n_cells)
 
@@ -63,7 +65,7 @@ def attention_case(run: Run, batch: int, n_cells: int) -> None:
     print(f"  {batch} x {n_cells} cells done in {time.perf_counter() - started:.1f} s")
 
 
-def build_decode_step(run: Run, batch: int, n_cells: int):
+def build_decode_step(run: Run, batch: int, n_cells: int) -> tuple:
     """(cache, step, sequences, K/V): a cache of one layer whose sequences hold n_cells - 1
     positions and a decode step of one token per sequence, prepared and written (each token
     sees n_cells cells)."""
@@ -86,7 +88,9 @@ def check_tokens(batch: int) -> list[int]:
     return sorted({0, batch // 2, batch - 1})
 
 
-def solo_outputs(kv: RandomKV, seqs: list[int], q_h, n_cells: int, tokens) -> dict:
+def solo_outputs(
+    kv: RandomKV, seqs: list[int], q_h: np.ndarray, n_cells: int, tokens: list[int]
+) -> dict[int, np.ndarray]:
     """token -> [n_heads, head_dim] float32: numbakv.reference's solo attention of the token
     over its own sequence's history, with no cells involved."""
     from numbakv.reference import solo_attention
@@ -99,7 +103,11 @@ def solo_outputs(kv: RandomKV, seqs: list[int], q_h, n_cells: int, tokens) -> di
     return expect
 
 
-def add_attention_row(run, mode, batch, n_cells, group, seconds, visible, err, sdpa, got):
+def add_attention_row(
+    run: Run, mode: str, batch: int, n_cells: int, group: int, seconds: float, visible: int,
+    err: float, sdpa: tuple | str, got: np.ndarray,
+) -> None:  # fmt: skip
+    """The table's row of one attention case: its time, bandwidth, error and torch's."""
     rate = visible / seconds
     if isinstance(sdpa, str):  # why torch did not run
         sdpa_us, sdpa_err = sdpa, "-"
@@ -113,5 +121,5 @@ def add_attention_row(run, mode, batch, n_cells, group, seconds, visible, err, s
         "sdpa err": sdpa_err,
         "err": f"{err:.1e}",
     }
-    result = "ok" if err <= TOLERANCE else f"FAIL: err > {TOLERANCE}"
+    result = "ok" if err <= ERR_BOUND else f"FAIL: err > {ERR_BOUND}"
     run.add("attention", f"{mode} {batch}x{n_cells} gqa{group}", result=result, **cells)

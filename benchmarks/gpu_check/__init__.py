@@ -1,0 +1,36 @@
+"""One command for a GPU: numbakv's device checks and figures in one table, in <= 8 minutes.
+
+    python -m benchmarks.gpu_check          # on a GPU (NUMBAKV_DEVICE=gpu)
+    python -m benchmarks.gpu_check --sim    # tiny shapes on numba's CUDA simulator, seconds
+
+It installs nothing. It prints the versions it finds first (numba, numba-cuda, torch and
+CuPy may differ from the pins), and a part whose dependency is missing says so and is
+skipped. One part that fails prints its error and the others still run; the exit code is 1
+when any part failed. The parts, in the order they run:
+
+    copy          a device-to-device copy of 1 GiB on one stream, CUDA events: the bandwidth
+                  the attention is held to (bytes read + bytes written per second)
+    attention     decode attention, one token per sequence, at batch 64 x 4k and 16 x 32k
+                  cells, GQA 8 and 4 (8 KV heads, head_dim 128, float16 K/V), gathered and
+                  masked: the median time of a launch (CUDA events on the step's stream),
+                  the K/V bytes the tokens see / that time, and that / the copy's bandwidth;
+                  torch's scaled_dot_product_attention on the same K/V where torch has CUDA;
+                  every output checked against numbakv.reference's solo oracle, within
+                  numbakv.config.TOLERANCE["float32"] (the kernels compute in float32)
+    decode step   one decode step through 32 layers with device inputs and no model
+                  (declare_step, prepare_step, then write + attend per layer): the host's
+                  wall clock until the last launch returns, CUDA events over the step, and
+                  the wall clock to a synchronize
+    model graphs  decode steps of a 32-layer device-resident model (`DeviceModel`) at batch
+                  1, 16 and 64: µs per step (declare, prepare, stage, launches, logits
+                  back) eager and replayed from one captured step (a CUDA graph), whose
+                  logits must equal the eager ones bit for bit
+    launch budget python -m benchmarks.launch_budget --check, on the simulator
+    device tests  pytest tests/cache tests/contract with NUMBAKV_DEVICE=gpu, in the time left
+
+--sim runs the same code with tiny shapes on the simulator, without pytest and torch; the
+test suite runs it (tests/test_gpu_check.py), so that this command cannot rot. Each part is
+a module of this package (`versions`, `attention`: copy and attention, `decode`, `model`,
+`commands`: launch budget and device tests); what they share is in `run`, the filled caches
+in `fill`, torch beside numbakv in `torch_sdpa`, the command in `__main__`.
+"""
