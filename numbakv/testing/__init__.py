@@ -1,10 +1,13 @@
-"""numbakv.testing: hold your own KV cache to numbakv's contract (SPEC §2-§8).
+"""numbakv.testing: hold your own KV cache to numbakv's contract (docs/contract.md §12).
 
     CacheUnderTest   what a cache under test must answer (a `typing.Protocol`), and what
                      of a `Step` depends on the layout (SEMANTIC_FIELDS, LAYOUT_FIELDS)
-    check_cache      random workloads against the reference, shrunk to an op script on
-                     failure (needs hypothesis: `pip install numbakv[testing]`)
+    check_cache      random workloads against the reference (`decode`: one integer per op),
+                     shrunk to an op script on failure (needs hypothesis: `pip install
+                     numbakv[testing]`); a `prefix` of ops before each, a `check` hook
     Op, run_script   one workload as an op script, run on both and compared after every op
+                     (`Runner`): outcomes, state, a refusal changing nothing, stale steps,
+                     the cache's own `check_invariants()`, a cell layout's K/V bytes
     Divergence       the AssertionError a difference raises (its `ops`, `index`, `config`)
     check_attention  your attention kernel (cells or paged layout: `CellsInputs`,
                      `PagedInputs`) against the solo oracle; NumPy only

@@ -12,20 +12,40 @@ from numbakv.testing.protocol import SEMANTIC_FIELDS
 if TYPE_CHECKING:  # ops runs the ops and reads this module's rules
     from numbakv.testing.ops import Op
 
+SIDES = ("the reference", "the cache")
+
 
 def differences(reference, cache, op: Op, expected, got, compare: str,
                 tolerance: float) -> str | None:  # fmt: skip
     """The first difference between the reference's (result, error) `expected` and the
     cache's `got` after `op`, as a sentence; None when they agree (attention outputs within
     `tolerance`, relative to max(1, the row's largest |value|))."""
+    return outcome_difference(op, expected, got, compare, tolerance) or _state(
+        reference, cache, compare
+    )
+
+
+def outcome_difference(op: Op, expected, got, compare: str, tolerance: float) -> str | None:
+    """The first difference of the op's outcomes alone: the error class, or the result (a
+    step's fields, masks and attention outputs)."""
     (want, want_error), (have, have_error) = expected, got
     if type(want_error) is not type(have_error):
         return f"the reference {_said(want_error)}, the cache {_said(have_error)}"
-    if want_error is None:
-        problem = _results(op, want, have, compare, tolerance)
-        if problem:
-            return problem
-    return _state(reference, cache, compare)
+    return None if want_error is not None else _results(op, want, have, compare, tolerance)
+
+
+def step_fields(compare: str) -> tuple[str, ...]:
+    """The `Step` fields compared under `compare`."""
+    return SEMANTIC_FIELDS + (("cells", "read_len") if compare == "table" else ())
+
+
+def step_difference(step, their_step, compare: str) -> str | None:
+    """The first field of `step_fields(compare)` in which the cache's step differs."""
+    for field in step_fields(compare):
+        a, b = np.asarray(getattr(step, field)), np.asarray(getattr(their_step, field))
+        if a.shape != b.shape or not np.array_equal(a, b):
+            return f"step.{field} is {b.tolist()}, the reference's {a.tolist()}"
+    return None
 
 
 def _said(error) -> str:
@@ -36,19 +56,44 @@ def _results(op: Op, want, have, compare: str, tolerance: float) -> str | None:
     if op.verb != "step":
         return None if want == have else f"returned {have!r}, the reference {want!r}"
     (step, outs), (their_step, their_outs) = want, have
-    fields = SEMANTIC_FIELDS + (("cells", "read_len") if compare == "table" else ())
-    for field in fields:
-        a, b = np.asarray(getattr(step, field)), np.asarray(getattr(their_step, field))
-        if a.shape != b.shape or not np.array_equal(a, b):
-            return f"step.{field} is {b.tolist()}, the reference's {a.tolist()}"
+    problem = step_difference(step, their_step, compare)
+    if problem:
+        return problem
     if compare == "table":
         for window in step.windows:
-            if not np.array_equal(step.mask(window), their_step.mask(window)):
-                return f"step.mask({window}) differs from the reference's"
+            problem = _mask(window, step, their_step)
+            if problem:
+                return problem
+    n_tokens = step.n_tokens
     for layer, (a, b) in enumerate(zip(outs, their_outs, strict=True)):
-        problem = _attention(layer, a, b, tolerance)
+        problem = _attention(layer, a, b, tolerance) or _output_form(layer, a, b, n_tokens)
         if problem:
             return problem
+    return None
+
+
+def _mask(window: int, step, their_step) -> str | None:
+    """A window's mask: uint8 [width, read_len] on both sides, and equal."""
+    masks = step.mask(window), their_step.mask(window)
+    for side, mask in zip(SIDES, masks, strict=True):
+        mask = np.asarray(mask)
+        if mask.dtype != np.uint8 or mask.shape != (step.width, step.read_len):
+            return (
+                f"{side}'s step.mask({window}) is {mask.dtype} {list(mask.shape)}, not uint8 "
+                f"[width, read_len] = {[step.width, step.read_len]}"
+            )
+    if not np.array_equal(*masks):
+        return f"step.mask({window}) differs from the reference's"
+    return None
+
+
+def _output_form(layer: int, want: np.ndarray, have: np.ndarray, n_tokens: int) -> str | None:
+    """Both outputs float32, their padding rows (from n_tokens on) exactly 0."""
+    for side, out in zip(SIDES, (want, have), strict=True):
+        if out.dtype != np.float32:
+            return f"{side}'s attend({layer}) returned {out.dtype}, not float32"
+        if out[n_tokens:].any():
+            return f"{side}'s attend({layer}) gave padding rows [{n_tokens}, ...) that are not 0"
     return None
 
 
@@ -70,14 +115,15 @@ def _attention(layer: int, want: np.ndarray, have: np.ndarray, tol: float) -> st
 
 
 def _state(reference, cache, compare: str) -> str | None:
-    """The live ids, each one's pos and the cells used (and the snapshot for a table)."""
+    """The live ids, each one's pos, the cells used and free (and the snapshot for a table)."""
     if list(cache.live_seqs) != list(reference.live_seqs):
         return f"live ids {list(cache.live_seqs)}, the reference's {list(reference.live_seqs)}"
     for seq in reference.live_seqs:
         if cache.pos(seq) != reference.pos(seq):
             return f"pos({seq}) = {cache.pos(seq)}, the reference's {reference.pos(seq)}"
-    if cache.used_cells != reference.used_cells:
-        return f"used_cells = {cache.used_cells}, the reference's {reference.used_cells}"
+    for name in ("used_cells", "free_cells"):
+        if getattr(cache, name) != getattr(reference, name):
+            return f"{name} = {getattr(cache, name)}, the reference's {getattr(reference, name)}"
     if compare == "table" and cache.snapshot() != reference.snapshot():
         return "the cell table (snapshot) differs from the reference's"
     return None

@@ -18,11 +18,11 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import CacheError
-from numbakv.testing.ops import VERBS, Op
+from numbakv.testing.ops import MODES, VERBS, Op
 
 FORMAT, VERSION = "numbakv-oplog", 1
 ARITY = {"seq_new": (0,), "seq_clone": (1, 2), "seq_rm": (1,), "rewind": (2,), "clear": (0,),
-         "step": (4,)}  # fmt: skip
+         "step": (4, 5)}  # fmt: skip
 TABLE_VERBS = ("seq_clone", "seq_rm", "rewind", "clear")  # those that drop a declaration
 
 
@@ -187,12 +187,13 @@ def _op(path, i: int, entry) -> Op:
         if any(isinstance(a, list | dict) for a in args):
             raise ValueError(f"{path}: op {i} ({verb}) has a non-scalar arg in {args!r}")
         return Op(verb, tuple(args))
-    ids, width, group, seed = args
+    ids, width, group, seed, *mode = args
     ints = isinstance(ids, list) and all(type(x) is int for x in ids)
     counts = all(type(x) is int and x >= n for x, n in ((group, 1), (seed, 0)))
-    if not ints or not counts or isinstance(width, list | dict):
+    modes = all(m in MODES for m in mode)
+    if not ints or not counts or not modes or isinstance(width, list | dict):
         raise ValueError(
-            f"{path}: op {i} (step) needs [[ids], width or null, group >= 1, seed >= 0], "
-            f"got {args!r}"
+            f"{path}: op {i} (step) needs [[ids], width or null, group >= 1, seed >= 0] and "
+            f"optionally a mode of {MODES}, got {args!r}"
         )
-    return Op("step", (tuple(ids), width, group, seed))
+    return Op("step", (tuple(ids), width, group, seed, *mode))

@@ -8,12 +8,17 @@ through an adapter; what such an adapter needs to know:
   reference's after every step. The others (`LAYOUT_FIELDS`: each token's cell, read_len,
   the mask's column indexing) say where a layout put things; only a cell-layout cache can
   be compared on them.
-- **The order of refusals**: the table "The order of refusals" in docs/contract.md (a
-  too-wide declaration on a full cache is a `StepError`; a bad `upto` is a
-  `SequenceError` even when every id is live), with the error classes of SPEC §6.
+- **The order of refusals**: docs/contract.md §6.1 (a too-wide declaration on a full
+  cache is a `StepError`; a bad `upto` is a `SequenceError` even when every id is live),
+  with the error classes of docs/contract.md §6. A refused call changes nothing the
+  protocol shows (live ids, pos, cells used and free; the snapshot of a cell layout).
 - **How capacity is counted**: in cells, a cell shared by clones once; a declaration needs
   one free cell per declared token. A paged cache that copies a partial block on a fork
   still refuses where the reference does when it reports the reference's count.
+- **What the kit uses when a cache has it**: `check_invariants()` (raises AssertionError
+  naming a broken invariant), called after every op; under compare="table", `snapshot()`
+  (a `numbakv.snapshot.Snapshot`) and `pool_kv(layer)` (K and V, [rows, n_kv_heads,
+  head_dim] of the storage dtype: its occupied cells' bytes must be the reference's).
 """
 
 from typing import Any, Protocol, runtime_checkable
@@ -25,7 +30,8 @@ LAYOUT_FIELDS = ("cells", "read_len", "mask")
 @runtime_checkable
 class StepLike(Protocol):
     """A prepared step: [width] int32 positions and seq_ids (-1 for padding), the width and
-    the declared count; `is_stale` after a later verb."""
+    the declared count; `is_stale` after a later verb but `seq_new` (docs/contract.md §3),
+    when every other field raises StepError."""
 
     @property
     def positions(self) -> Any: ...
@@ -45,7 +51,8 @@ class StepLike(Protocol):
 
 @runtime_checkable
 class CacheUnderTest(Protocol):
-    """The verbs, the step protocol and attention of SPEC §8, with the contract's errors.
+    """The verbs, the step protocol and attention of docs/contract.md §2-§5, with the
+    contract's errors (§6).
 
     seq_new() -> int                    the lowest free id, live and empty
     seq_clone(src, upto=None) -> int    a new id sharing src's positions [0, upto)

@@ -1,18 +1,30 @@
-"""The device cache against the reference, rule by rule (simulator in CI, GPU when lent).
+"""The device cache against the reference on the conformance kit's random workloads
+(`numbakv.testing.check_cache`; simulator in CI, GPU when lent).
 
-After every rule: the host table, the device mirror copied back, the step's arrays,
-every window's mask region and every occupied cell's K/V bytes must equal the
-reference's; a refused call must raise the same error on both and change neither; the
-bindings taken earlier hold until the pool grows, then raise BindingError. Steps run on the
-cache's own stream, an explicit numba stream or a foreign (`__cuda_stream__`) one; K/V and
-q come from the host or the device; attend writes a new array or `out=`.
+`check_cache(VariedCache, compare="table", ...)` compares after every op: the outcome (the
+same refusal), ids, live ids, pos, used and free cells, the host table's snapshot, each
+step's cells, positions, seq_ids, width, read_len and every window's mask, attention of
+every layer in the step's mode (gathered or masked), every occupied cell's K/V bytes, the
+device unchanged by a refusal, the staleness of the last step, and the device's
+`check_invariants()` (its mirror included). The hook (`device_state`) adds the reference's
+invariants and what only the device has: the mirror copied back (free past read_len),
+seq_table, rows / growth_count / generation / allocated_bytes, the full state of both
+caches (pool storage and mirror included) unchanged by a refusal, attention within 1e-5 of
+the reference's element by element, masks read before any write, and the bindings taken
+earlier holding until the pool grows, then raising BindingError.
+
+`VariedCache` runs each step on the cache's own stream, a numba stream or a foreign
+(`__cuda_stream__`) one, with K/V and q from the host or the device, attend writing a new
+array or `out=`; 64 ids are parked first when max_seqs > 64, so that ids past 63 carry
+tokens.
 """
+
+import re
+from collections import Counter
+from typing import ClassVar
 
 import numpy as np
 import pytest
-from hypothesis import event, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import numbakv
 from numbakv.cache.cuda import cuda, device_address
@@ -24,10 +36,10 @@ from numbakv.cache.kernels.step_buffer import (
     columns,
     host_step,
 )
+from numbakv.config import TOLERANCE
 from numbakv.errors import (
     AllocationError,
     BindingError,
-    CacheError,
     CapacityError,
     ConfigError,
     SequenceError,
@@ -35,9 +47,11 @@ from numbakv.errors import (
 )
 from numbakv.reference import CellCache as RefCache
 from numbakv.snapshot import Snapshot
+from numbakv.testing import Op, check_cache
 from numbakv.trace import Recorder
 
 from helpers import assert_close, churn, full_state, small_config, step_with
+from table_pair import cells_by_seq
 
 
 def mirror_snapshot(cache) -> tuple[np.ndarray, np.ndarray]:
@@ -70,11 +84,9 @@ def assert_same(device, reference) -> None:
 def assert_seq_table(device, expect: Snapshot) -> None:
     """seq_cells rows and seq_len equal each sequence's cells in position order."""
     seq_cells, seq_len = device.seq_table()
-    for seq in range(len(expect.live)):
-        cells = [c for c in range(expect.read_len) if seq in expect.owners_of(c)]
-        cells.sort(key=lambda c: expect.pos[c])
+    for seq, cells in enumerate(cells_by_seq(expect)):
         assert seq_len[seq] == len(cells), seq
-        assert seq_cells[seq, : len(cells)].tolist() == cells, seq
+        assert seq_cells[seq, : len(cells)].tolist() == cells.tolist(), seq
 
 
 def assert_same_step(got, expect) -> None:
@@ -105,195 +117,125 @@ def foreign_stream() -> ForeignStream:
     return ForeignStream(int(owner), owner)
 
 
-class DeviceMachine(RuleBasedStateMachine):
-    """Same random verbs and steps on the device cache and the reference."""
+class VariedCache:
+    """`numbakv.CellCache` whose steps vary with what they are, so that a script replays
+    alike: the n-th prepared step runs on stream n % 3 (its own, a numba one, a foreign
+    one), and bits of a key made of its cells and width choose K/V from the device, a
+    device q attended into `out=`, and every mask read before the writes. What it sees go
+    wrong goes to `problems`; the variants run are counted in `VariedCache.runs`, over
+    every cache made."""
 
-    @initialize(
-        max_seqs=st.sampled_from([3, 66]),
-        windows=st.sampled_from([(0,), (0, 2), (1, 3)]),
-        dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
-        capacity=st.integers(10, 24),
-        initial_cells=st.integers(1, 4),
-        max_width=st.integers(1, 6),
-        max_seq_len=st.integers(6, 10),
-    )
-    def setup(self, max_seqs, windows, dtype, capacity, initial_cells, max_width, max_seq_len):
-        self.cfg = small_config(
-            n_layers=len(windows), windows=windows, n_kv_heads=2, head_dim=3, dtype=dtype,
-            max_seqs=max_seqs, capacity=capacity, initial_cells=initial_cells, max_width=max_width,
-            max_seq_len=max_seq_len,
-        )  # fmt: skip
-        self.device, self.reference = numbakv.CellCache(self.cfg), RefCache(self.cfg)
-        self.rng = np.random.default_rng(0)
+    runs: ClassVar[Counter] = Counter()
+
+    def __init__(self, config: numbakv.CacheConfig):
+        self.cache = numbakv.CellCache(config)
         self.streams = [None, cuda.stream(), foreign_stream()]
-        self.park_and_start()
-        self.bindings = self.device.bindings()
+        self.n_steps, self.key, self.early_masks, self.problems = 0, 0, {}, []
+        self.bindings = self.cache.bindings()
+        self.last_state = None  # full state of (the reference, the cache) after the last op
 
-    def park_and_start(self):
-        """Parks ids 0..63 when max_seqs > 64, so the sequences under test have ids past
-        63, then starts two sequences."""
-        for _ in range(64 if self.cfg.max_seqs > 64 else 0):
-            self.both(lambda c: c.seq_new())
-        for _ in range(2):
-            self.both(lambda c: c.seq_new())
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
 
-    def both(self, verb) -> tuple[bool, object]:
-        """Runs `verb` on both caches: (True, the equal results), or (False, None) after the
-        same refusal on both with nothing changed."""
-        before = full_state(self.reference), full_state(self.device), self.device.mirror()
+    def variant(self, bit: int) -> int:
+        return self.key >> bit & 1
+
+    def prepare_step(self, width: int | None = None):
+        stream = self.n_steps % 3
+        step = self.cache.prepare_step(width, stream=self.streams[stream])
+        self.n_steps += 1
+        self.key = int(step.cells.sum()) * 5 + step.width
+        self.runs[("stream", ("own", "numba", "foreign")[stream])] += 1
+        self.runs["ids past 63"] += int(step.seq_ids.max() >= 64)
+        self.early_masks = {}
+        if self.variant(2):
+            self.early_masks = {window: step.mask(window) for window in step.windows}
+            self.runs["masks read before the writes"] += 1
+        return step
+
+    def write(self, layer: int, k, v) -> None:
+        if self.variant(0):
+            k, v = cuda.to_device(k), cuda.to_device(v)
+        self.runs["K/V from the device" if self.variant(0) else "K/V from the host"] += 1
+        self.cache.write(layer, k, v)
+
+    def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered"):
+        self.runs[("attend", mode)] += 1
+        if not self.variant(1):
+            return self.cache.attend(layer, q, scale, mode)
+        out = cuda.device_array(q.shape, np.float32)
+        returned = self.cache.attend(layer, cuda.to_device(q), scale, mode, out=out)
+        self.runs["attend out="] += 1
+        if returned is not out:
+            self.problems.append(f"attend({layer}, out=out) returned another array")
+        return returned
+
+
+def device_state(reference, device: VariedCache, op, expected, got) -> None:
+    """The hook of `check_cache`: what the kit cannot see of the device (the module
+    docstring), asserted after every op."""
+    cache = device.cache
+    state = full_state(reference), full_state(cache), cache.mirror()
+    if got[1] is not None and device.last_state is not None:  # refused: nothing changed
+        assert state[:2] == device.last_state[:2], "a refusal changed the full state"
+        for now, was in zip(state[2], device.last_state[2], strict=True):
+            np.testing.assert_array_equal(now, was)
+    device.last_state = state
+    assert not device.problems, device.problems
+    assert_same(cache, reference)
+    reference.check_invariants()
+    if cache.generation == device.bindings.generation:
+        cache.check_bindings(device.bindings)
+    else:
         try:
-            expect = verb(self.reference)
-        except CacheError as error:
-            with pytest.raises(type(error)):
-                verb(self.device)
-            assert full_state(self.reference) == before[0]
-            assert full_state(self.device) == before[1]
-            for got, want in zip(self.device.mirror(), before[2], strict=True):
-                np.testing.assert_array_equal(got, want)
-            return False, None
-        got = verb(self.device)
-        assert got == expect
-        return True, got
-
-    def live(self) -> list[int]:
-        return [s for s in self.reference.live_seqs if self.cfg.max_seqs <= 64 or s >= 64]
-
-    @rule()
-    def seq_new(self):
-        self.both(lambda c: c.seq_new())
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data())
-    def seq_clone(self, data):
-        src = data.draw(st.sampled_from(self.live()))
-        upto = data.draw(st.integers(-1, self.reference.pos(src) + 1))
-        self.both(lambda c: c.seq_clone(src, upto))
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data())
-    def seq_rm(self, data):
-        seq = data.draw(st.sampled_from(self.live()))
-        self.both(lambda c: c.seq_rm(seq))
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data())
-    def rewind(self, data):
-        seq = data.draw(st.sampled_from(self.live()))
-        position = data.draw(st.integers(-1, self.reference.pos(seq) + 1))
-        self.both(lambda c: c.rewind(seq, position))
-
-    @rule(seq=st.integers(-2, 70))
-    def verb_on_any_id(self, seq):
-        self.both(lambda c: c.seq_rm(seq) if seq % 2 else c.rewind(seq, 0))
-
-    @precondition(lambda self: self.reference.used_cells >= self.cfg.capacity // 2)
-    @rule()
-    def clear(self):
-        self.both(lambda c: c.clear())
-        self.park_and_start()
-
-    @precondition(lambda self: self.live())
-    @rule(data=st.data())
-    def step(self, data):
-        live = self.live()
-        n = data.draw(st.integers(1, self.cfg.max_width + 1))
-        seq_ids = data.draw(st.lists(st.sampled_from(live), min_size=n, max_size=n))
-        pad = data.draw(st.integers(-1, 2))  # -1: width=None; else a width past the declared
-        self.both(lambda c: c.declare_step(seq_ids))
-        width = len(seq_ids) + pad if pad >= 0 else None
-        prepared, width = self.both(lambda c: self.prepare(c, data, width).width)
-        if not prepared:
-            return
-        self.check_and_write(width, data)
-        event("mixed step prepared")
-
-    def prepare(self, cache, data, width):
-        """prepare_step(width), on the device on a drawn stream (its own, numba's, foreign)."""
-        if cache is self.reference:
-            return cache.prepare_step(width)
-        choice = data.draw(st.sampled_from(range(len(self.streams))), label="stream")
-        event(f"stream {['own', 'numba', 'foreign'][choice]}")
-        return cache.prepare_step(width, stream=self.streams[choice])
-
-    def check_and_write(self, width: int, data) -> None:
-        """Compares the two steps, then writes the same random K/V (padded rows too), to the
-        device from the host or from device arrays."""
-        assert_same_step(self.device._step, self.reference._step)
-        k, v = self.rng.standard_normal((2, width, self.cfg.n_kv_heads, self.cfg.head_dim))
-        k, v = k.astype(np.float32), v.astype(np.float32)
-        on_device = data.draw(st.booleans(), label="K/V on the device")
-        for layer in range(self.cfg.n_layers):
-            if on_device:
-                self.device.write(layer, cuda.to_device(k), cuda.to_device(v))
-            else:
-                self.device.write(layer, k, v)
-            self.reference.write(layer, k, v)
-
-    @precondition(lambda self: self.reference._step is not None)
-    @rule(data=st.data())
-    def attend(self, data):
-        """Attention of the current step, one layer, one mode, against the reference."""
-        layer = data.draw(st.integers(0, self.cfg.n_layers - 1))
-        mode = data.draw(st.sampled_from(["masked", "gathered"]))
-        group = data.draw(st.sampled_from([1, 2]))
-        width = self.reference._step.width
-        q = self.rng.standard_normal((width, group * self.cfg.n_kv_heads, self.cfg.head_dim))
-        q = q.astype(np.float32)
-        expect = self.reference.attend(layer, q)
-        if data.draw(st.booleans(), label="q and out on the device"):
-            out = cuda.device_array(q.shape, np.float32)
-            returned = self.device.attend(layer, cuda.to_device(q), mode=mode, out=out)
-            assert returned is out
-            event("attend out=")
+            cache.check_bindings(device.bindings)
+        except BindingError as error:
+            assert re.search(r"pool grew from \d+ to \d+ rows", str(error)), error
         else:
-            out = self.device.attend(layer, q, mode=mode)
-        assert_close(out.copy_to_host(), expect)
-        event(f"attend {mode}")
-
-    @precondition(lambda self: self.reference._step is not None)
-    @rule(data=st.data())
-    def read_mask(self, data):
-        """step.mask(w) in any step, gathered or masked, before or after its attends."""
-        windows = self.reference._step.windows
-        window = data.draw(st.sampled_from(windows))
-        np.testing.assert_array_equal(
-            self.device._step.mask(window), self.reference._step.mask(window)
-        )
-
-    @precondition(lambda self: self.live())
-    @rule(width=st.integers(0, 2), data=st.data())
-    def decode_all(self, width, data):
-        """One token for each live sequence under test, padded by `width` rows."""
-        seq_ids = self.live()[: self.cfg.max_width]
-        self.both(lambda c: c.declare_step(seq_ids))
-        width = len(seq_ids) + width
-        prepared, width = self.both(lambda c: self.prepare(c, data, width).width)
-        if prepared:
-            self.check_and_write(width, data)
-            event("decode step prepared")
-
-    @invariant()
-    def same_state(self):
-        if hasattr(self, "device"):
-            assert_same(self.device, self.reference)
-            self.device.check_invariants()
-            self.reference.check_invariants()
-
-    @invariant()
-    def bindings_hold_until_the_pool_moves(self):
-        if not hasattr(self, "device"):
-            return
-        if self.device.generation == self.bindings.generation:
-            self.device.check_bindings(self.bindings)
-            return
-        with pytest.raises(BindingError, match=r"pool grew from \d+ to \d+ rows"):
-            self.device.check_bindings(self.bindings)
-        self.bindings = self.device.bindings()
-        event("bindings refused after growth")
+            raise AssertionError("bindings taken before the pool grew still hold")
+        device.bindings = cache.bindings()
+        device.runs["bindings refused after growth"] += 1
+    if op.verb == "step" and got[1] is None:
+        (step, outs), (their_step, their_outs) = expected[0], got[0]
+        assert their_step.windows == step.windows
+        for window, mask in device.early_masks.items():
+            np.testing.assert_array_equal(mask, step.mask(window))
+        for their_out, out in zip(their_outs, outs, strict=True):
+            assert_close(their_out, out)
 
 
-TestDeviceMachine = DeviceMachine.TestCase
-TestDeviceMachine.settings = settings(max_examples=60, stateful_step_count=30)
+CONFIGS = [  # (max_seqs, windows, dtype, capacity, initial_cells, max_width, max_seq_len)
+    small_config(n_layers=len(windows), windows=windows, n_kv_heads=2, head_dim=3,
+                 dtype=dtype, max_seqs=max_seqs, capacity=capacity, initial_cells=initial,
+                 max_width=max_width, max_seq_len=max_seq_len)
+    for max_seqs, windows, dtype, capacity, initial, max_width, max_seq_len in (
+        (3, (0,), "float32", 10, 1, 1, 6),
+        (66, (0, 2), "float16", 24, 4, 6, 10),
+        (3, (1, 3), "bfloat16", 16, 2, 4, 8),
+        (66, (1, 3), "float32", 12, 1, 3, 7),
+        (3, (0, 2), "bfloat16", 20, 3, 5, 9),
+        (66, (0,), "float16", 18, 2, 2, 6),
+        (3, (1, 3), "float16", 24, 4, 6, 10),
+        (66, (0, 2), "bfloat16", 14, 3, 4, 8),
+    )
+]  # fmt: skip
+
+
+def parked_and_two_open(config) -> list[Op]:
+    """64 ids parked when max_seqs > 64 (the ids under test are past 63), then two open."""
+    return [Op("seq_new")] * ((64 if config.max_seqs > 64 else 0) + 2)
+
+
+def test_the_device_cache_holds_to_the_reference():
+    VariedCache.runs.clear()
+    check_cache(VariedCache, compare="table", configs=CONFIGS, prefix=parked_and_two_open,
+                tolerance=TOLERANCE["float32"], check=device_state,
+                max_examples=40, max_ops=30)  # fmt: skip
+    ran = set(VariedCache.runs)
+    assert {("stream", s) for s in ("own", "numba", "foreign")} <= ran
+    assert {("attend", "gathered"), ("attend", "masked"), "attend out="} <= ran
+    assert {"K/V from the device", "K/V from the host", "masks read before the writes"} <= ran
+    assert VariedCache.runs["bindings refused after growth"] and VariedCache.runs["ids past 63"]
 
 
 # -- focused cases ---------------------------------------------------------------------

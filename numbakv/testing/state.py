@@ -1,0 +1,124 @@
+"""What must hold after every op besides "the same as the reference" (`compare`): a refused
+op changed nothing in the cache, the last step went stale exactly when the reference's did,
+the cache's own `check_invariants()` holds, a cell layout's occupied K/V bytes are the
+reference's, and the caller's hook agrees (`after_op`). NumPy only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from numbakv.errors import StepError
+from numbakv.testing.compare import SIDES, step_difference, step_fields
+
+if TYPE_CHECKING:  # ops runs the ops and calls this module after each
+    from numbakv.testing.ops import Op, Runner
+
+STATE_PARTS = {
+    "semantic": ("live ids", "pos of the live ids", "used_cells", "free_cells"),
+    "table": ("snapshot", "used_cells", "free_cells"),
+}
+
+
+def observed(cache, compare: str) -> tuple:
+    """What a refused op must leave as it was: the live ids, each one's pos and the cells
+    used and free; under compare="table" the snapshot (which holds the live ids and every
+    cell's position) and the cells used and free."""
+    if compare == "table":
+        return cache.snapshot(), cache.used_cells, cache.free_cells
+    live = list(cache.live_seqs)
+    return live, [cache.pos(seq) for seq in live], cache.used_cells, cache.free_cells
+
+
+def refusal_changed(cache, compare: str, before: tuple) -> str | None:
+    """What of `observed(cache)` a refused op changed (`before`: observed before it)."""
+    for part, was, now in zip(STATE_PARTS[compare], before, observed(cache, compare),
+                              strict=True):  # fmt: skip
+        if was != now:
+            return f"the cache's {part} changed, though it refused the op"
+    return None
+
+
+def after_op(runner: Runner, op: Op, expected, got) -> str | None:
+    """The first rule broken after `op` once the two caches agree on it (see the module
+    docstring), as a sentence; None when all hold."""
+    reference, cache, compare = runner.reference, runner.cache, runner.compare
+    problem = _stale(runner, op, expected, got) or _invariants(cache)
+    if problem:
+        return problem
+    if compare == "table" and hasattr(cache, "pool_kv"):
+        problem = _pool(reference, cache)
+        if problem:
+            return problem
+    if runner.check is not None:
+        try:
+            return runner.check(reference, cache, op, expected, got)
+        except AssertionError as error:
+            return f"check(...) failed: {error}"
+    return None
+
+
+def _stale(runner: Runner, op: Op, expected, got) -> str | None:
+    """The last prepared steps of both: stale alike (a stale one's fields raise StepError),
+    a valid one's fields still the reference's. A new step replaces them."""
+    problem = None
+    if runner.steps is not None:
+        want, have = runner.steps
+        if want.is_stale != have.is_stale:
+            state = "stale" if have.is_stale else "still valid"
+            return f"after {op.verb}, the cache's last step is {state}, the reference's is not"
+        if want.is_stale:
+            problem = _raises_stale(want, have, runner.compare)
+            runner.steps = None
+        else:
+            problem = step_difference(want, have, runner.compare)
+    track_step(runner, op, expected, got)
+    return problem
+
+
+def track_step(runner: Runner, op: Op, expected, got) -> None:
+    """After a step op both prepared, its two steps are the last ones."""
+    if op.verb == "step" and expected[1] is None and got[1] is None:
+        runner.steps = expected[0][0], got[0][0]
+
+
+def _raises_stale(want, have, compare: str) -> str | None:
+    for side, step in zip(SIDES, (want, have), strict=True):
+        for field in step_fields(compare):
+            try:
+                getattr(step, field)
+            except StepError:
+                continue
+            return f"{side}'s stale step gives step.{field} without raising StepError"
+    return None
+
+
+def _invariants(cache) -> str | None:
+    check = getattr(cache, "check_invariants", None)
+    if check is None:
+        return None
+    try:
+        check()
+    except AssertionError as error:
+        return f"the cache's check_invariants() failed: {error}"
+    return None
+
+
+def _pool(reference, cache) -> str | None:
+    """Every occupied cell's K and V bytes, layer by layer, equal the reference's."""
+    occupied = np.flatnonzero(reference.snapshot().pos >= 0)
+    last = int(occupied[-1]) if len(occupied) else -1
+    for layer in range(reference.config.n_layers):
+        pairs = zip("KV", reference.pool_kv(layer), cache.pool_kv(layer), strict=True)
+        for name, want, have in pairs:
+            have = np.asarray(have)
+            if have.dtype != want.dtype or len(have) <= last:
+                return (
+                    f"pool_kv({layer}) {name} is {have.dtype} of {len(have)} rows; the "
+                    f"reference's {want.dtype}, with cell {last} occupied"
+                )
+            if want[occupied].tobytes() != have[occupied].tobytes():
+                differ = [c for c in occupied.tolist() if want[c].tobytes() != have[c].tobytes()]
+                return f"pool_kv({layer}) {name} differs from the reference's in cells {differ}"
+    return None
