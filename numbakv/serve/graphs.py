@@ -5,12 +5,12 @@ activations in fixed device buffers) over a cache that can `capture` (the device
 a decode forward — every token from a different session, at most `width` of them — is
 padded to `width` rows and runs as the replay of one captured step (`StepGraph`). The
 graph holds the model's launches and the cache's writes and attends; it reads the step's
-tokens, rows, positions and cells from device buffers, so one capture serves any mix of
-sequences. Only pool growth invalidates it (the K/V storage moved). The seed's rule: a
-decode forward at a generation of the pool that no decode forward has run at yet runs
-eagerly (every kernel compiled and loaded, every buffer made, before anything is
-captured), the next one captures, the ones after replay; so `recaptures == growths after
-the first capture` (that decode forwards saw). Prefill and mixed forwards run eagerly.
+tokens, logits_at, positions and cells from device buffers, so one capture serves any mix
+of sequences. Only pool growth invalidates it (the K/V storage moved). The rule: a decode
+forward at a generation of the pool that no decode forward has run at yet runs eagerly
+(every kernel compiled and loaded, every buffer made, before anything is captured), the
+next one captures, the ones after replay; so `recaptures == growths after the first
+capture` (that decode forwards saw). Prefill and mixed forwards run eagerly.
 Any other model or cache runs every forward eagerly.
 """
 

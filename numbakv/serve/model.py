@@ -1,8 +1,8 @@
 """A small Llama-style decoder in NumPy whose attention runs through any cell cache.
 
-RMSNorm, rotary position embedding at the step's positions, grouped-query attention
-through `cache.write` / `cache.attend` (reference or device: anything with the API of
-SPEC §8), a SwiGLU MLP and per-layer windows (global and sliding layers mixed). Weights
+RMSNorm, rotary position embedding at the step's positions, grouped-query attention through
+`cache.write` / `cache.attend` (reference or device: anything that answers docs/contract.md
+§3 and §5), a SwiGLU MLP and per-layer windows (global and sliding layers mixed). Weights
 come from a seed or an `.npz`; the vocabulary is `ModelConfig.vocab_size` tokens (256 by
 default, the byte tokenizer's). float32 throughout; no numba.
 
