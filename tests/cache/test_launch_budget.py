@@ -13,9 +13,6 @@ here, windows (0, 8)), by the rules of `benchmarks.launch_budget.rules`:
 The tests of the counting harness itself come first.
 """
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -205,16 +202,6 @@ def test_counting_needs_the_simulator(monkeypatch):
     monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
     with pytest.raises(RuntimeError, match="NUMBAKV_DEVICE=sim"), counting.count_device_calls():
         pass
-
-
-def test_the_harness_imports_no_numba_and_the_kit_does_not_import_it(tmp_path):
-    # numba reads NUMBA_ENABLE_CUDASIM once, when imported: the harness leaves it to its user
-    code = (
-        "import sys, numbakv.testing; kit = 'numbakv.testing.launches' in sys.modules; "
-        "import numbakv.testing.launches; sys.exit(2 * kit + ('numba' in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True)
-    assert done.returncode == 0, f"exit {done.returncode} (2: the kit, 1: numba)\n{done.stderr}"
 
 
 # -- the budget of a step ------------------------------------------------------------------
