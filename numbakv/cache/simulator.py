@@ -21,7 +21,6 @@ both bugs: reproducers, measurements and the patches suggested upstream.
 
 import sys
 import threading
-import traceback
 
 import numpy as np
 
@@ -71,7 +70,8 @@ def _locked_shared_array(numbas_array):
     """`FakeCUDAShared.array` whose look-up and insert are one step under a lock.
 
     Dynamic shared memory (shape 0) and the refusal of an alignment stay numba's own
-    (`numbas_array`); the key is numba's, the caller's (file, line)."""
+    (`numbas_array`); the key is numba's, the caller's (file, line), read off its frame:
+    numba's `traceback.extract_stack` gives the same pair but also reads the source line."""
     from numba.core.types import Type
     from numba.np.numpy_support import as_dtype
 
@@ -80,7 +80,8 @@ def _locked_shared_array(numbas_array):
     def array(self, shape, dtype, alignment=None):
         if shape == 0 or alignment is not None:
             return numbas_array(self, shape, dtype, alignment)
-        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
         with lock:
             if caller not in self._allocations:
                 numpy_dtype = as_dtype(dtype) if isinstance(dtype, Type) else dtype
