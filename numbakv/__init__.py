@@ -20,7 +20,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -61,6 +61,7 @@ _EXPORTS = {
     "TokenEvent": "numbakv.serve.engine",
     "Lockstep": "numbakv.serve.lockstep",
     "LockstepError": "numbakv.serve.lockstep",
+    "PrefixCache": "numbakv.serve.prefix",
 }
 
 __all__ = sorted(_EXPORTS)

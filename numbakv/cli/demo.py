@@ -28,6 +28,7 @@ from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep, LockstepError
 from numbakv.serve.model import Model, ModelConfig
+from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
 from numbakv.trace import Recorder, Trace
@@ -50,13 +51,15 @@ class Arrival:
     cancel_at: int | None = None  # the step at which the demo cancels it
 
 
+SYSTEM = "You are a cell cache. "  # the system prompt "short" and "late" share
+
 WORKLOAD = (
     Arrival(0, "greet", "Hello, cells!", 12),
-    Arrival(0, "short", "KV cache", 10),
+    Arrival(0, "short", SYSTEM + "KV cache", 10),
     Arrival(1, "cancel", "Stop me early", 20, cancel_at=12),
     Arrival(2, "long", "A long prompt is chunked while the others decode", 8),
     Arrival(3, "n=3", "Three samples", 8, n=3, sampling=Sampling(0.8, top_p=0.95, seed=1)),
-    Arrival(5, "late", "Waits for a session", 6),
+    Arrival(5, "late", SYSTEM + "Waits for a session", 6),
 )
 
 
@@ -98,7 +101,10 @@ def run(
     reference = Executor(model, reference_cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
     lockstep = Lockstep(device, reference)
     recorder = Recorder(cache)
-    engine = Engine(lockstep, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate)
+    engine = Engine(
+        lockstep, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
+        prefix_cache=PrefixCache(lockstep),
+    )  # fmt: skip
     print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
              f"against the reference cache at every step")  # fmt: skip
     ids: dict[str, int] = {}
@@ -187,7 +193,7 @@ def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None])
     print_fn(render_text(snapshot, columns, map_labels(trace, frame)))
     print_fn(
         f"\n{'map':<3} {'request':<8} {'arrives':>7} {'prompt':>6} {'n':>2} {'tokens':>6} "
-        f"{'steps':>5} {'ttft s':>7} {'tok/s':>6}  finished"
+        f"{'steps':>5} {'ttft s':>7} {'tok/s':>6} {'cached':>6}  finished"
     )
     n_generated = 0
     for arrival in WORKLOAD:
@@ -198,7 +204,8 @@ def _print(report: Report, cache, columns: int, print_fn: Callable[[str], None])
         print_fn(
             f"{letter(request):<3} {arrival.name:<8} {arrival.step:>7} {len(done.prompt):>6} "
             f"{arrival.n:>2} {m.n_tokens:>6} {m.n_steps:>5} {m.time_to_first_token or 0:>7.2f} "
-            f"{m.tokens_per_second or 0:>6.1f}  {' '.join(done.finish_reasons)}"
+            f"{m.tokens_per_second or 0:>6.1f} {m.n_cached_tokens:>6}  "
+            f"{' '.join(done.finish_reasons)}"
         )
     lockstep = report.lockstep
     print_fn(

@@ -18,11 +18,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 
-from numbakv.checks import as_int
+from numbakv.checks import as_int, int_at_least
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
+from numbakv.serve.admission import Admission
 from numbakv.serve.events import (
     Annotate,
     Notes,
@@ -32,6 +32,8 @@ from numbakv.serve.events import (
 )
 from numbakv.serve.executor import Input, Output
 from numbakv.serve.faults import Observed, StepFaults, completes
+from numbakv.serve.memory import Sessions
+from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.requests import (
     Completion,
@@ -41,6 +43,7 @@ from numbakv.serve.requests import (
     Sample,
     TokenEvent,
     check_parts,
+    check_prefix_cache,
     check_submission,
 )
 from numbakv.serve.sampling import GREEDY, Sampling
@@ -58,7 +61,12 @@ class Engine:
     tokenizer : turns text prompts into tokens (default bytes); its vocab_size must not
                 pass the executor's
     annotate  : None, or a callable `annotate(kind, **data)` told of each admit, fork,
-                finish, cancel, error and pool growth (`numbakv.serve.events`)
+                finish, cancel, error, pool growth, hit, insert, evict, preempt and
+                resume (`numbakv.serve.events`)
+    prefix_cache : None (default: every prompt computed whole, sessions closed at their
+                end), or a `PrefixCache` over this executor: prompts start from their
+                longest cached prefix, ended sessions are kept (docs/contract.md §9.2)
+    watermark : cells kept free beyond a new request's uncached prompt when admitting it
 
         engine = Engine(executor)
         [done] = engine.generate(["Hello"], max_new_tokens=8)
@@ -72,8 +80,12 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         tokenizer: Tokenizer = BYTE_TOKENIZER,
         annotate: Annotate | None = None,
+        prefix_cache: PrefixCache | None = None,
+        watermark: int = 0,
     ):
         check_parts(executor, tokenizer, clock)
+        check_prefix_cache(prefix_cache, executor)
+        self.watermark = int_at_least("watermark", watermark, 0)
         self._observed = Observed()  # the ObserverErrors of the public call in progress
         self._notes = Notes(self._observed.annotate_hook(check_annotate(annotate)))
         if scheduler is None:
@@ -86,6 +98,9 @@ class Engine:
             raise ConfigError("the scheduler has queued tasks; give the engine an empty one")
         self.executor = executor
         self._executor = self._observed.around(executor)  # calls give results, faults recorded
+        self.prefix_cache = prefix_cache
+        prefix = None if prefix_cache is None else self._observed.around(prefix_cache)
+        self._sessions = Sessions(self._executor, prefix, self._notes)
         self.scheduler = scheduler
         self.clock = clock
         self.tokenizer = tokenizer
@@ -95,7 +110,8 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self._waiting: deque[Request] = deque()
         self._running: dict[int, tuple[Request, Sample]] = {}  # session -> its sample
-        self._reserved = 0  # sessions admitted requests will still clone
+        args = (self._running, self._waiting, self._notes, self.watermark)
+        self._admission = Admission(self._sessions, scheduler, *args)
 
     # -- requests --------------------------------------------------------------
 
@@ -108,14 +124,16 @@ class Engine:
         stop_tokens: Sequence[int] = (),
         n: int = 1,
         on_token: Callable[[TokenEvent], None] | None = None,
+        cache_salt: str | None = None,
     ) -> int:
         """Queues a request and returns its id; it joins the batch at the next `step()` that
         has sessions for it. `prompt` is text (the tokenizer makes it tokens) or token ids
         (ints, not bools) in [0, executor.vocab_size); `stop_tokens` any collection of such
-        ids; `on_token` a callable or None. Refused (ConfigError, CapacityError) with
-        nothing changed (no id used, nothing queued) when an argument is wrong or the
+        ids; `on_token` a callable or None; `cache_salt` None or a str (prefixes are
+        shared only between requests of one salt). Refused (ConfigError, CapacityError)
+        with nothing changed (no id used, nothing queued) when an argument is wrong or the
         request could never run."""
-        args = (prompt, max_new_tokens, sampling, stop_tokens, n, on_token)
+        args = (prompt, max_new_tokens, sampling, stop_tokens, n, on_token, cache_salt)
         return self._queue(check_submission(self.executor, self.tokenizer, *args))
 
     def _queue(self, fields: dict) -> int:
@@ -150,8 +168,24 @@ class Engine:
     @property
     @locked
     def metrics(self) -> EngineMetrics:
-        """Steps so far and how the executor's forwards ran (`ForwardCounts`, or None)."""
-        return EngineMetrics(self.n_steps, getattr(self.executor, "forward_counts", None))
+        """Steps so far, how the executor's forwards ran (`ForwardCounts`, or None), the
+        requests' token counts summed, and what the prefix cache evicted and holds."""
+        sums = [0, 0, 0, 0]
+        for r in self._requests.values():
+            m = r.completion().metrics
+            counts = (m.n_prompt_tokens, m.n_cached_tokens, m.n_recomputed_tokens)
+            for i, value in enumerate((*counts, m.n_preemptions)):
+                sums[i] += value
+        forwards = getattr(self.executor, "forward_counts", None)
+        cells = (self._sessions.n_evicted_cells, self._sessions.cached_cells)
+        return EngineMetrics(self.n_steps, forwards, *sums, *cells)
+
+    @locked
+    @completes
+    def drop_prefix_cache(self) -> int:
+        """Releases every cell the prefix cache holds alone (what running requests hold
+        stays); returns how many. 0 without a prefix cache."""
+        return self._sessions.drop()
 
     # -- running ---------------------------------------------------------------
 
@@ -188,6 +222,7 @@ class Engine:
         stop_tokens: Sequence[int] = (),
         n: int = 1,
         on_token: Callable[[TokenEvent], None] | None = None,
+        cache_salt: str | None = None,
     ) -> list[Completion]:
         """Submits every prompt (all or none: each is checked first), steps until all are
         done, returns their completions in order; `on_token` hears every token of these
@@ -201,7 +236,7 @@ class Engine:
             raise ConfigError(f"prompts must be a list of prompts, got {prompts!r}; for one: [p]")
         with self._lock:
             check_not_in_callbacks(self._in_callbacks, "generate")
-            args = (max_new_tokens, sampling, stop_tokens, n, on_token)
+            args = (max_new_tokens, sampling, stop_tokens, n, on_token, cache_salt)
             fields = [check_submission(self.executor, self.tokenizer, p, *args) for p in prompts]
             ids = [self._queue(f) for f in fields]
         requests = [self._requests[i] for i in ids]
@@ -236,16 +271,19 @@ class Engine:
 
     def _run_step(self) -> tuple[list[TokenEvent], dict[int, BaseException]]:
         """Admits, runs one batch, hands out its tokens: (events, what callbacks raised)."""
-        self._admit()
-        batch = self.scheduler.next_batch()
+        self._admission.admit()
+        batch = self._admission.fit(self.scheduler.next_batch())
         if not batch:
             return [], {}
+        starts = {w.session: self._running[w.session][1].n_fed for w in reversed(batch)}
         inputs = [self._input(work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
             with self._notes.growth(self.executor):
                 outputs = self._executor.execute(inputs)
         except BaseException:
+            for session, start in starts.items():  # the executor rewound them there
+                self._running[session][1].n_fed = start
             for r in requests.values():  # their work left the queues: they cannot go on
                 self._stop(r, "error")
             raise
@@ -258,43 +296,36 @@ class Engine:
                 events += self._sampled(work, out)
         return events, self._call_back(events)
 
-    def _admit(self) -> None:
-        """Opens a session for each waiting request, oldest first, while sessions are free
-        for all its samples; a request that does not fit holds back the ones behind it."""
-        while self._waiting and self._waiting[0].n <= self.executor.free_sessions - self._reserved:
-            r = self._waiting[0]
-            sample = Sample(0, self._executor.open_session(r.sampling))
-            self._waiting.popleft()
-            r.samples.append(sample)
-            self._reserved += r.n - 1
-            self._running[sample.session] = (r, sample)
-            self.scheduler.submit([Task(sample.session, "prefill", len(r.prompt))])
-            self._notes("admit", request=r.id, seqs=[sample.session])
-
     def _input(self, work: Work) -> Input:
+        """The tokens of `work` from its sample's next position; the input that ends what
+        the sample knows samples, and the one ending the prompt of sample 0 forks."""
         r, sample = self._running[work.session]
+        start = sample.n_fed
+        sample.n_fed += work.n_tokens
         if work.kind == "decode":
-            position = len(r.prompt) + len(sample.tokens) - 1
-            return Input(work.session, position, sample.tokens[-1:])
-        start = r.n_prefilled
-        r.n_prefilled += work.n_tokens
-        chunk = r.prompt[start : r.n_prefilled]
-        if r.n_prefilled < len(r.prompt):
+            return Input(work.session, start, sample.tokens[-1:])
+        context = r.context(sample)
+        chunk = context[start : sample.n_fed]
+        if sample.n_fed < len(context):
             return Input(work.session, start, chunk, sample=False)
-        forks = tuple(replace(r.sampling, seed=r.sampling.seed + i) for i in range(1, r.n))
+        forks = ()
+        if len(r.samples) < r.n:
+            forks = tuple(r.sampling_of(Sample(i)) for i in range(len(r.samples), r.n))
         return Input(work.session, start, chunk, forks=forks)
 
     def _sampled(self, work: Work, out: Output) -> list[TokenEvent]:
         """Hands out a sampled token; after the prompt, the other samples' first tokens too
         (their sessions are the executor's clones, `out.forks`)."""
         r, sample = self._running[work.session]
+        if work.kind == "prefill" and sample.index == 0 and sample.n_fed == len(r.prompt):
+            self._sessions.shared(r, sample.session)
         pairs = [(sample, out.token)]
-        for i, (session, token) in enumerate(out.forks, start=1):
-            clone = Sample(i, session)
+        for i, (session, token) in enumerate(out.forks, start=len(r.samples)):
+            clone = Sample(i, session, n_fed=sample.n_fed)
             r.samples.append(clone)
             self._running[session] = (r, clone)
+            self._sessions.forked(sample.session, session)
             pairs.append((clone, token))
-        self._reserved -= len(out.forks)
         if out.forks:
             seqs = [session for session, _ in out.forks]
             self._notes("fork", request=r.id, seqs=seqs, source=sample.session)
@@ -330,11 +361,11 @@ class Engine:
         if r in self._waiting:
             self._waiting.remove(r)
         for sample in r.samples:
-            if sample.finish_reason is None:
+            if sample.finish_reason is None and sample.session is None:  # preempted
+                sample.finish_reason = reason
+            elif sample.finish_reason is None:
                 self.scheduler.cancel(sample.session)
                 self._close(r, sample, reason)
-        if r.samples:  # admitted: release the sessions its clones would have taken
-            self._reserved -= r.n - len(r.samples)
         r.samples += [Sample(i, finish_reason=reason) for i in range(len(r.samples), r.n)]
         r.finished_at = self.clock()
 
@@ -342,7 +373,7 @@ class Engine:
         """Ends a sample: its session closes now; the request finishes with its last sample."""
         sample.finish_reason = reason
         del self._running[sample.session]
-        self._executor.close_session(sample.session)
+        self._sessions.end(r, sample)
         self._notes("finish", request=r.id, sample=sample.index, seq=sample.session, reason=reason)
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()

@@ -23,8 +23,17 @@ The annotations, each made when its event has happened:
 
 `seq` and `seqs` are session ids, which an `Executor` (and a `Lockstep`) makes the cache's
 sequence ids, so `admit` and `fork` bind every sequence a request's cells live under to
-the request. The engine has no preemption and no prefix cache, so it makes no such
-annotations. A hook that raises is treated like an observer of the cache that raises: the
+the request. With a prefix cache, and when memory is short (docs/contract.md §9.2):
+
+    hit      request, seq, tokens            the session started as a clone sharing its
+                                             first `tokens` positions
+    insert   request, seq, tokens, held      a session's first `tokens` positions became
+                                             hits: its prompt while it runs (held False),
+                                             or all of it when it ended (held True: the
+                                             prefix cache holds the sequence now)
+    evict    cells, cached_cells             the prefix cache gave back `cells` cells
+    preempt  request, seqs                   its sessions ended (their inserts came first)
+    resume   request, seqs                   it got sessions again, before new admissions A hook that raises is treated like an observer of the cache that raises: the
 event stands, the engine finishes its call, then an `ObserverError` (the hook's exception
 as its cause) propagates (`faults.Observed.annotate_hook`).
 """

@@ -71,7 +71,10 @@ class Executor:
     max_sessions       : sessions open at once, <= the cache's max_seqs
     max_session_tokens : positions one session may hold, <= max_seq_len; max_sessions x
                          max_session_tokens must fit the capacity, so a batch never runs out
-                         of cells
+                         of cells, unless `oversubscribe`
+    oversubscribe      : False (default): the worst case is reserved, as above; True: only
+                         max_session_tokens must fit the capacity, and whoever drives the
+                         executor schedules by memory (the `Engine` does: `free_cells`)
     min_prefill        : forwards shorter than this run as one-token forwards (`plan_slices`)
     graphs             : "auto" (default): with a device-resident model (`DeviceModel`) over
                          the device cache, each decode forward (one token per session, at
@@ -92,6 +95,7 @@ class Executor:
         min_prefill: int = 2,
         graphs: str = "auto",
         graph_width: int | None = None,
+        oversubscribe: bool = False,
     ):
         if not isinstance(model, Model) and not getattr(model, "device_resident", False):
             raise ConfigError(f"expected a Model or a DeviceModel, got {model!r}")
@@ -113,11 +117,17 @@ class Executor:
                 f"max_session_tokens={max_session_tokens} > the cache's "
                 f"max_seq_len={config.max_seq_len}"
             )
-        if self.max_sessions * self.max_session_tokens > config.capacity:
+        if not isinstance(oversubscribe, bool):
+            raise ConfigError(f"oversubscribe must be True or False, got {oversubscribe!r}")
+        if self.max_session_tokens > config.capacity:
+            raise ConfigError(
+                f"max_session_tokens={max_session_tokens} > the capacity {config.capacity}"
+            )
+        if not oversubscribe and self.max_sessions * self.max_session_tokens > config.capacity:
             raise ConfigError(
                 f"max_sessions x max_session_tokens = {max_sessions} x {max_session_tokens} = "
                 f"{self.max_sessions * self.max_session_tokens} cells do not fit the capacity "
-                f"{config.capacity}; lower one of them or raise the capacity"
+                f"{config.capacity}; lower one of them, raise the capacity or oversubscribe"
             )
         if graph_width is None:
             graph_width = min(config.max_width, self.max_sessions)
@@ -126,6 +136,7 @@ class Executor:
             raise ConfigError(
                 f"graph_width={graph_width} > the cache's max_width={config.max_width}"
             )
+        self.oversubscribe = oversubscribe
         self.model = model
         self.cache = cache
         self._observed = Observed()  # the ObserverErrors of the public call in progress
@@ -146,6 +157,17 @@ class Executor:
     def max_width(self) -> int:
         """Tokens one forward takes at most (the cache's max_width); a batch may hold more."""
         return self.cache.config.max_width
+
+    @property
+    def capacity(self) -> int:
+        """Cells the cache may hold (its config's capacity)."""
+        return self.cache.config.capacity
+
+    @property
+    @locked
+    def free_cells(self) -> int:
+        """Cells the cache can still place tokens in: each new token of a batch takes one."""
+        return self.cache.free_cells
 
     @property
     @locked
@@ -181,22 +203,40 @@ class Executor:
 
     @locked
     @completes
-    def open_session(self, sampling: Sampling = GREEDY) -> int:
-        """A new empty session (the lowest free sequence id) sampling with `sampling`."""
+    def open_session(self, sampling: Sampling = GREEDY, drawn: int = 0) -> int:
+        """A new empty session (the lowest free sequence id) sampling with `sampling`, its
+        generator as after `drawn` sampled tokens (a resumed sample goes on drawing what
+        it would have)."""
         check_sampling(sampling)
+        drawn = int_at_least("drawn", drawn, 0)
         self._check_room()
-        return self._opened(self._cache.seq_new(), sampling)
+        return self._opened(self._cache.seq_new(), sampling, drawn)
 
     @locked
     @completes
-    def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
+    def clone(
+        self,
+        session: int,
+        upto: int | None = None,
+        sampling: Sampling | None = None,
+        drawn: int = 0,
+    ) -> int:
         """A new session sharing `session`'s first `upto` positions (default all) without
         copying them; it samples with `sampling` (default the source's) from a fresh
-        generator of that seed."""
+        generator of that seed, as after `drawn` sampled tokens."""
         session = self._check_open(session)
+        drawn = int_at_least("drawn", drawn, 0)
         self._check_room()
         sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
-        return self._clone(session, upto, sampling)
+        return self._opened(self._cache.seq_clone(session, upto), sampling, drawn)
+
+    @locked
+    @completes
+    def rewind(self, session: int, position: int) -> None:
+        """Drops `session`'s positions >= `position` (an int in [0, length]); the cells no
+        other session shares are free at once."""
+        session = self._check_open(session)
+        self._cache.rewind(session, position)
 
     @locked
     @completes
@@ -331,9 +371,9 @@ class Executor:
         `sampling`; the room for it was checked."""
         return self._opened(self._cache.seq_clone(session, upto), sampling)
 
-    def _opened(self, session: int, sampling: Sampling) -> int:
+    def _opened(self, session: int, sampling: Sampling, drawn: int = 0) -> int:
         self._sampling[session] = sampling
-        self._rng[session] = sampling.generator()
+        self._rng[session] = sampling.generator(drawn)
         return session
 
     def _check_open(self, session) -> int:

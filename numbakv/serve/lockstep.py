@@ -99,15 +99,43 @@ class Lockstep:
         """Sessions that can still be opened or cloned (`executor`'s)."""
         return self.executor.free_sessions
 
+    @property
+    def capacity(self) -> int:
+        """Cells `executor`'s cache may hold."""
+        return self.executor.capacity
+
+    @property
     @locked
-    @completes
-    def open_session(self, sampling: Sampling = GREEDY) -> int:
-        return self._same("open_session", lambda e: e.open_session(sampling))
+    def free_cells(self) -> int:
+        """Cells `executor`'s cache can still place tokens in (the reference's must agree)."""
+        return self._agreed("free_cells", lambda e: e.free_cells)
+
+    @locked
+    def length(self, session: int) -> int:
+        """Positions `session` holds (the reference's must agree)."""
+        return self._agreed(f"length({session})", lambda e: e.length(session))
 
     @locked
     @completes
-    def clone(self, session: int, upto: int | None = None, sampling: Sampling | None = None) -> int:
-        return self._same("clone", lambda e: e.clone(session, upto, sampling))
+    def open_session(self, sampling: Sampling = GREEDY, drawn: int = 0) -> int:
+        return self._same("open_session", lambda e: e.open_session(sampling, drawn))
+
+    @locked
+    @completes
+    def clone(
+        self,
+        session: int,
+        upto: int | None = None,
+        sampling: Sampling | None = None,
+        drawn: int = 0,
+    ) -> int:
+        return self._same("clone", lambda e: e.clone(session, upto, sampling, drawn))
+
+    @locked
+    @completes
+    def rewind(self, session: int, position: int) -> None:
+        self._both(lambda e: e.rewind(session, position))
+        self._check_tables("rewind")
 
     @locked
     @completes
@@ -144,6 +172,13 @@ class Lockstep:
                 )
         self._check_tables(f"step {self.n_steps}")
         self.n_steps += 1
+        return got
+
+    def _agreed(self, what: str, read: Callable[[Executor], int]) -> int:
+        """What `read` gives on both executors, which must agree (no table compared)."""
+        got, expect = self._both(read)
+        if got != expect:
+            raise LockstepError(f"{what}: got {got!r}, the reference {expect!r}")
         return got
 
     def _same(self, what: str, call: Callable[[Executor], object]):

@@ -4,7 +4,7 @@ submission's arguments (ConfigError, naming the bad value, before anything is qu
 of the engine's parts."""
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -13,6 +13,7 @@ from numbakv._deprecated import renamed
 from numbakv.checks import as_int, int_at_least, token_ids
 from numbakv.errors import CapacityError, ConfigError
 from numbakv.serve.graphs import ForwardCounts
+from numbakv.serve.prefix import PrefixCache, check_salt
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import Sampling, check_sampling
 from numbakv.serve.tokenizer import Tokenizer
@@ -39,22 +40,41 @@ class RequestMetrics:
     """time_to_first_token : seconds from submit to the first sampled token (None before it)
     tokens_per_second      : tokens generated over all samples / seconds from submit to finish
     n_steps                : engine steps that ran any of the request's tokens
-    n_tokens               : tokens generated over all samples"""
+    n_tokens               : tokens generated over all samples
+    n_prompt_tokens        : tokens of its prompt
+    n_cached_tokens        : of those, served from the prefix cache when it was admitted
+                             (an OpenAI-style usage `cached_tokens`)
+    n_recomputed_tokens    : tokens computed again after a preemption (never hits)
+    n_preemptions          : times it was preempted"""
 
     time_to_first_token: float | None
     tokens_per_second: float | None
     n_steps: int
     n_tokens: int
+    n_prompt_tokens: int = 0
+    n_cached_tokens: int = 0
+    n_recomputed_tokens: int = 0
+    n_preemptions: int = 0
 
 
 @dataclass(frozen=True)
 class EngineMetrics:
     """n_steps : engine steps so far
     forwards   : how the executor's forwards ran (captures, replays, eager_forwards), None
-                 when the executor does not count them"""
+                 when the executor does not count them
+    n_prompt_tokens, n_cached_tokens, n_recomputed_tokens, n_preemptions : the sums of
+                 every request's (`RequestMetrics`)
+    n_evicted_cells : cells the prefix cache gave back so far
+    n_cached_cells  : cells the prefix cache holds alone now (0 without one)"""
 
     n_steps: int
     forwards: ForwardCounts | None
+    n_prompt_tokens: int = 0
+    n_cached_tokens: int = 0
+    n_recomputed_tokens: int = 0
+    n_preemptions: int = 0
+    n_evicted_cells: int = 0
+    n_cached_cells: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,8 @@ class Sample:
     session: int | None = None
     tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    n_fed: int = 0  # positions its session holds once the work taken for it has run
+    n_done: int = 0  # the most positions it ever held (what a resume computes again)
 
 
 @dataclass
@@ -92,15 +114,26 @@ class Request:
     n: int
     on_token: Callable[[TokenEvent], None] | None
     submitted_at: float
+    cache_salt: str | None = None
     samples: list[Sample] = field(default_factory=list)
-    n_prefilled: int = 0
     n_steps: int = 0
+    n_cached_tokens: int = 0
+    n_recomputed_tokens: int = 0
+    n_preemptions: int = 0
     first_token_at: float | None = None
     finished_at: float | None = None
 
     @property
     def is_finished(self) -> bool:
         return self.finished_at is not None
+
+    def context(self, sample: Sample) -> list[int]:
+        """The tokens `sample` has: the prompt, then what it sampled."""
+        return self.prompt + sample.tokens
+
+    def sampling_of(self, sample: Sample) -> Sampling:
+        """Sample i draws with seed `seed + i`."""
+        return replace(self.sampling, seed=self.sampling.seed + sample.index)
 
     def completion(self) -> Completion:
         """Its tokens so far, its finish reasons and metrics."""
@@ -109,16 +142,20 @@ class Request:
         ttft = None if self.first_token_at is None else self.first_token_at - self.submitted_at
         elapsed = None if self.finished_at is None else self.finished_at - self.submitted_at
         rate = n_tokens / elapsed if elapsed else None
+        metrics = RequestMetrics(
+            ttft, rate, self.n_steps, n_tokens, len(self.prompt), self.n_cached_tokens,
+            self.n_recomputed_tokens, self.n_preemptions,
+        )  # fmt: skip
         return Completion(
             self.id, list(self.prompt), [list(s.tokens) for s in samples],
-            [s.finish_reason for s in samples],
-            RequestMetrics(ttft, rate, self.n_steps, n_tokens),
+            [s.finish_reason for s in samples], metrics,
         )  # fmt: skip
 
 
 def check_submission(
-    executor, tokenizer, prompt, max_new_tokens, sampling, stop_tokens, n, on_token
-) -> dict:
+    executor, tokenizer, prompt, max_new_tokens, sampling, stop_tokens, n, on_token,
+    cache_salt=None,
+) -> dict:  # fmt: skip
     """`Engine.submit`'s arguments, checked against `executor`'s limits, as the fields of a
     `Request`; ConfigError or CapacityError at the first wrong one."""
     tokens = prompt_tokens(prompt, tokenizer, executor.vocab_size)
@@ -137,9 +174,17 @@ def check_submission(
             f"a prompt of {len(tokens)} tokens and max_new_tokens={max_new_tokens} pass "
             f"max_session_tokens={executor.max_session_tokens}; shorten one of them"
         )
+    worst = len(tokens) + n * (max_new_tokens - 1)  # the samples share the prompt's cells
+    capacity = getattr(executor, "capacity", None)
+    if isinstance(capacity, int) and worst > capacity:
+        raise CapacityError(
+            f"a prompt of {len(tokens)} tokens and n={n} samples of max_new_tokens="
+            f"{max_new_tokens} need {worst} cells, more than the pool's capacity {capacity}: "
+            "the request could never run; shorten it or ask for fewer samples"
+        )
     return dict(
         prompt=tokens, max_new_tokens=max_new_tokens, sampling=sampling,
-        stop_tokens=stop_tokens, n=n, on_token=on_token,
+        stop_tokens=stop_tokens, n=n, on_token=on_token, cache_salt=check_salt(cache_salt),
     )  # fmt: skip
 
 
@@ -198,3 +243,17 @@ def check_parts(executor, tokenizer, clock) -> None:
         )
     if not callable(clock):
         raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+
+
+def check_prefix_cache(prefix_cache, executor) -> None:
+    """ConfigError unless `prefix_cache` is None or a `PrefixCache` over `executor` (the
+    sessions it keeps must be the engine's executor's)."""
+    if prefix_cache is None:
+        return
+    if not isinstance(prefix_cache, PrefixCache):
+        raise ConfigError(f"prefix_cache must be a PrefixCache or None, got {prefix_cache!r}")
+    if prefix_cache.target is not executor:
+        raise ConfigError(
+            f"the prefix cache is over {prefix_cache.target!r}, not this engine's executor "
+            f"{executor!r}: give PrefixCache(executor)"
+        )

@@ -40,9 +40,13 @@ class Sampling:
         object.__setattr__(self, "top_k", int_at_least("top_k", self.top_k, 0))
         object.__setattr__(self, "seed", int_at_least("seed", self.seed, 0))
 
-    def generator(self) -> np.random.Generator:
-        """A fresh generator for a session with this sampling."""
-        return np.random.default_rng(self.seed)
+    def generator(self, drawn: int = 0) -> np.random.Generator:
+        """A generator for a session with this sampling, as after `drawn` sampled tokens
+        (fresh for 0): greedy draws nothing, any other sampling one number per token."""
+        rng = np.random.default_rng(self.seed)
+        if drawn and self.temperature > 0:
+            rng.random(drawn)
+        return rng
 
 
 GREEDY = Sampling()

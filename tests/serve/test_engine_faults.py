@@ -129,7 +129,7 @@ def test_a_fault_on_one_of_three_samples_ends_all_three(raise_on):
     assert last == (raise_on[0], expect[1][raise_on[0]][raise_on[1]])
     for other in (0, 2):
         assert engine.result(other).tokens == expect[other]
-    assert engine._reserved == 0 and not engine.is_busy
+    assert engine._admission.reserved() == 0 and not engine.is_busy
     assert engine.executor.sessions == [] and engine.executor.cache.used_cells == 0
 
 

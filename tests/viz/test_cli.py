@@ -52,14 +52,17 @@ def test_demo_serves_the_workload_checked_against_the_reference(demo_run):
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "numba CUDA simulator" in out or "GPU" in out
-    table = r"^[a-zA-Z] +(\S+) +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +[\d.]+  (.+)$"  # map letter first
-    rows = dict(re.findall(table, out, re.M))
+    table = r"^[a-zA-Z] +(\S+) +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +[\d.]+ +(\d+)  (.+)$"
+    found = re.findall(table, out, re.M)  # map letter first
+    rows = {name: finished for name, _, finished in found}
+    cached = {name: int(n) for name, n, _ in found}
+    assert cached["late"] >= len(demo.SYSTEM) and cached["greet"] == 0  # the system prompt hit
     assert rows.keys() == {a.name for a in demo.WORKLOAD}
     assert rows["cancel"] == "cancelled" and rows["n=3"] == "length length length"
     assert all(rows[a.name] == "length" for a in demo.WORKLOAD if a.n == 1 and not a.cancel_at)
     checked = re.search(r"checked against the reference: (\d+) batches, tables equal", out)
     steps = re.search(r"^(\d+) steps \((\d+) forwards\), (\d+) tokens generated", out, re.M)
-    assert checked and steps
+    assert checked and steps and re.search(r"annotations: .*\d+ hit", out)
     assert int(checked.group(1)) == int(steps.group(1)) <= int(steps.group(2))
     generated = sum(int(n) for n in re.findall(r"^[a-zA-Z] +\S+ +\d+ +\d+ +\d+ +(\d+) ", out, re.M))
     assert generated == int(steps.group(3))

@@ -1,0 +1,380 @@
+"""`PrefixCache`: prompts that share a prefix share its cells, at token granularity and
+with no byte copied (docs/contract.md §9.2).
+
+It indexes token sequences whose K/V sit in a cache, in a radix tree (`radix`), and holds
+cells only through three verbs every cache answers: a sequence it keeps (a *holder*, such
+as a finished request's session) is cloned for a hit (`seq_clone(holder, upto=m)`),
+rewound to give back its tail, removed to give back the rest. Its target is either a
+cache (`seq_clone`, `rewind`, `seq_rm`, `pos`: the reference, `CellCache`, any
+`CacheUnderTest`) or an executor's sessions (`clone`, `rewind`, `close_session`,
+`length`: `Executor`, `Lockstep`):
+
+    prefix = PrefixCache(cache)
+    seq, m = prefix.acquire(prompt)     # a clone sharing the first m positions, or (None, 0)
+    ...                                 # the caller computes prompt[m:] into seq, and more
+    prefix.insert(seq, tokens)          # seq's positions are `tokens`; the cache keeps it
+
+Sequences the caller runs are *live*: `acquire` makes one, `share` lets others hit a live
+one's first tokens while it runs, `fork` says a clone of one shares its cells, and `close`
+removes one without keeping it. The tree is physical (every sequence below a node holds
+the node's very cells), so `n_cells` counts each cell once and `cached_cells` is exactly
+what `drop()` would give back. Eviction takes cells held by the cache alone, least
+recently used first and tail first (a node without children, rewound by as many tokens as
+are asked for); a cell a live sequence holds is never given back.
+
+Not thread-safe by itself: the `Engine` calls it under its lock. An observer of the target
+that raises (`ObserverError`) never leaves the tree half-changed: each call finishes,
+then raises it (`faults`).
+"""
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from numbakv.checks import as_int, int_at_least, short_repr
+from numbakv.errors import ConfigError, SequenceError
+from numbakv.serve import radix
+from numbakv.serve.faults import Observed, completes
+from numbakv.serve.radix import Node
+
+CACHE_VERBS = ("seq_clone", "rewind", "seq_rm", "pos")
+SESSION_VERBS = ("clone", "rewind", "close_session", "length")
+
+
+class PrefixCache:
+    """Token sequences whose K/V sit in `target`, found by their longest cached prefix.
+
+    target    : a cache (`seq_clone`, `rewind`, `seq_rm`, `pos`) or an executor (`clone`,
+                `rewind`, `close_session`, `length`) whose sequences the cache may keep
+    max_cells : None (no bound), or the most cells it holds alone (`cached_cells`): past
+                it, the least recently used go at once
+
+    n_cells          : positions the tree indexes, each a distinct cell of the target
+    cached_cells     : of those, the cells no live sequence holds (what `drop()` frees)
+    n_holders        : sequences the cache holds
+    n_evicted_cells  : cells given back so far (`evict`, `drop`, `max_cells`)
+    """
+
+    def __init__(self, target, max_cells: int | None = None):
+        self.max_cells = None if max_cells is None else int_at_least("max_cells", max_cells, 0)
+        self._observed = Observed()  # the ObserverErrors of the public call in progress
+        verbs = _verbs(target, self._observed.around(target))  # verbs give their result
+        self._clone, self._rewind, self._remove, self._pos = verbs
+        self.target = target
+        self._roots: dict[str | None, Node] = {}
+        self._live: dict[int, tuple[Node, str | None]] = {}  # live sequence -> its base
+        self._held: dict[int, Node] = {}  # holder -> its node
+        self._clock = 0
+        self.n_cells = 0
+        self.cached_cells = 0
+        self.n_evicted_cells = 0
+
+    # -- reading ---------------------------------------------------------------
+
+    @property
+    def n_holders(self) -> int:
+        return len(self._held)
+
+    @property
+    def holders(self) -> list[int]:
+        """The sequences the cache holds, ascending."""
+        return sorted(self._held)
+
+    @property
+    def live(self) -> list[int]:
+        """The live sequences it knows of, ascending."""
+        return sorted(self._live)
+
+    def match(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        """The longest cached prefix of `tokens` under `salt`, at most len(tokens) - 1."""
+        tokens, salt = _as_tokens(tokens), check_salt(salt)
+        root = self._roots.get(salt)
+        return 0 if root is None else radix.walk(root, tokens, len(tokens) - 1)[1]
+
+    # -- live sequences --------------------------------------------------------
+
+    @completes
+    def acquire(self, tokens: Sequence[int], salt: str | None = None, **clone) -> tuple:
+        """(a new live sequence holding the first m positions of `tokens`, m): a clone of a
+        sequence that holds them, for the longest cached prefix under `salt` (at most
+        len(tokens) - 1, so the caller computes the last one); (None, 0) on a miss.
+        Keyword arguments go to the target's clone (an `Executor`'s `sampling`)."""
+        tokens, salt = _as_tokens(tokens), check_salt(salt)
+        root = self._roots.get(salt)
+        if root is None:
+            return None, 0
+        node, m = radix.walk(root, tokens, len(tokens) - 1)
+        if m == 0:
+            return None, 0
+        if m < node.depth:
+            node = radix.split(node, m)  # the hit's end is a node: its tail can go alone
+        seq = self._clone(radix.owner_below(node), m, **clone)
+        self._base(seq, node, salt)
+        radix.touch(node, self._tick())
+        return seq, m
+
+    def share(self, seq: int, tokens: Sequence[int], salt: str | None = None) -> None:
+        """Lets later lookups hit live `seq`'s first len(tokens) positions (`tokens`) while
+        it runs (a prompt once it is computed); `seq` stays the caller's."""
+        seq, tokens = self._check_seq(seq, tokens, whole=False)
+        node, salt = self._based(seq, salt, tokens)
+        grown = self._grow(node, tokens)
+        if grown is not None:
+            if seq in self._live:
+                self._unbase(seq)
+            self._base(seq, grown, salt)
+            radix.touch(grown, self._tick())
+
+    def fork(self, src: int, clone: int) -> None:
+        """Live `clone` was cloned from live `src` at its length: it holds the cells of the
+        tree `src` does."""
+        src = as_int("src", src, SequenceError)
+        clone = as_int("clone", clone, SequenceError)
+        if clone in self._live or clone in self._held:
+            raise SequenceError(f"sequence {clone} is already known to the prefix cache")
+        if src in self._live:  # else src holds none of the tree's cells, nor does clone
+            self._base(clone, *self._live[src])
+
+    @completes
+    def insert(self, seq: int, tokens: Sequence[int], salt: str | None = None) -> None:
+        """Keeps `seq`, whose positions are `tokens` (live, or one the cache never saw): its
+        tokens become hits; when the tree already has them all, `seq` is removed instead."""
+        seq, tokens = self._check_seq(seq, tokens, whole=True)
+        node, salt = self._based(seq, salt, tokens)
+        if seq in self._live:
+            self._unbase(seq)
+        grown = self._grow(node, tokens)
+        if grown is None and (node.is_owned or node.parent is None):
+            self._remove(seq)  # nothing new: what it holds, others hold too
+        else:
+            grown = node if grown is None else grown
+            self._hold(seq, grown)
+            radix.touch(grown, self._tick())
+            for above in list(grown.path())[1:]:
+                if above.holder is not None:  # seq holds its path: that holder is spare
+                    self._let_go(above)
+        self._bound()
+
+    @completes
+    def close(self, seq: int) -> None:
+        """Removes live `seq` (or one the cache never saw) without keeping it."""
+        seq = as_int("seq", seq, SequenceError)
+        if seq in self._held:
+            raise SequenceError(f"sequence {seq} is a holder of the prefix cache; drop() it")
+        if seq in self._live:
+            node = self._unbase(seq)
+            self._prune(node)
+        self._remove(seq)
+        self._bound()
+
+    # -- giving cells back -----------------------------------------------------
+
+    @completes
+    def evict(self, n_cells: int) -> int:
+        """Gives back at least `n_cells` cells held by the cache alone, least recently used
+        and tail first, or all it can; returns how many it gave back."""
+        n_cells = int_at_least("n_cells", n_cells, 0)
+        freed = 0
+        while freed < n_cells:
+            leaf = self._coldest(lambda node: not node.children and node.n_live == 0)
+            if leaf is None:
+                break
+            freed += self._trim(leaf, min(len(leaf.tokens), n_cells - freed))
+        self.n_evicted_cells += freed
+        return freed
+
+    @completes
+    def evict_holder(self) -> int | None:
+        """Removes the least recently used holder, giving back its sequence id (and the
+        cells only it held); returns the id, or None when the cache holds none."""
+        node = self._coldest(lambda node: True)
+        if node is None:
+            return None
+        seq = self._let_go(node)
+        return seq
+
+    @completes
+    def drop(self) -> int:
+        """Removes every holder: what live sequences hold stays. Returns the cells freed."""
+        before = self.n_cells
+        for node in list(self._held.values()):
+            self._let_go(node)
+        return before - self.n_cells
+
+    def check(self) -> None:
+        """AssertionError naming what is wrong, unless the tree is whole: every node owned,
+        counts as recounted, each holder as long as its node's depth."""
+        n_cells = cached = 0
+        for root in self._roots.values():
+            for node in _nodes(root):
+                n_live = len(node.live) + sum(c.n_live for c in node.child_list())
+                assert node.n_live == n_live, f"node at {node.depth}: n_live {node.n_live}"
+                assert node.parent is None or node.is_owned, f"node at {node.depth}: no owner"
+                n_cells += len(node.tokens)
+                cached += len(node.tokens) if node.n_live == 0 else 0
+        assert (n_cells, cached) == (self.n_cells, self.cached_cells), (n_cells, cached)
+        for seq, node in self._held.items():
+            assert self._pos(seq) == node.depth, f"holder {seq} is not {node.depth} long"
+        for seq, (node, _) in self._live.items():
+            assert self._pos(seq) >= node.depth, f"live {seq} is shorter than its base"
+
+    # -- the tree --------------------------------------------------------------
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _check_seq(self, seq, tokens, whole: bool) -> tuple[int, np.ndarray]:
+        """(seq, tokens) checked: not a holder, and holding len(tokens) positions (at least
+        that many unless `whole`)."""
+        seq = as_int("seq", seq, SequenceError)
+        tokens = _as_tokens(tokens, empty=True)
+        if seq in self._held:
+            raise SequenceError(f"sequence {seq} is already a holder of the prefix cache")
+        length = self._pos(seq)
+        if len(tokens) > length or (whole and len(tokens) != length):
+            raise SequenceError(
+                f"sequence {seq} holds {length} positions; {len(tokens)} tokens were given "
+                f"for {'them' if whole else 'its first positions'}"
+            )
+        return seq, tokens
+
+    def _based(self, seq: int, salt, tokens: np.ndarray) -> tuple[Node, str | None]:
+        """(the node `seq` is based on, its salt): a live one's base, else the root of
+        `salt`; refused when `tokens` do not begin with the base's path."""
+        salt = check_salt(salt)
+        if seq in self._live:
+            node, based_salt = self._live[seq]
+            if salt is not None and salt != based_salt:
+                raise ConfigError(f"cache_salt={salt!r}, sequence {seq} has {based_salt!r}")
+            if len(tokens) < node.depth or (
+                radix.common_length(radix.path_tokens(node), tokens, 0, node.depth) < node.depth
+            ):
+                raise SequenceError(
+                    f"the tokens given for sequence {seq} do not begin with the "
+                    f"{node.depth} tokens it shares with the prefix cache"
+                )
+            return node, based_salt
+        if salt not in self._roots:
+            self._roots[salt] = Node(np.zeros(0, np.int64), 0, None)
+        return self._roots[salt], salt
+
+    def _grow(self, node: Node, tokens: np.ndarray) -> Node | None:
+        """A new node under `node` for tokens[node.depth:], the caller's own cells; None
+        when the tree holds all of them already (another copy, or nothing left)."""
+        run = tokens[node.depth :]
+        if not len(run) or radix.walk(node, tokens, len(tokens))[1] == len(tokens):
+            return None  # nothing left, or all of it below `node`: another copy
+        child = Node(run.copy(), len(tokens), node)
+        node.adopt(child)
+        self.n_cells += len(run)
+        self.cached_cells += len(run)  # no one is based on it yet
+        return child
+
+    def _base(self, seq: int, node: Node, salt: str | None) -> None:
+        self._live[seq] = (node, salt)
+        node.live.add(seq)
+        self.cached_cells += radix.add_live(node, +1)
+
+    def _unbase(self, seq: int) -> Node:
+        node, _ = self._live.pop(seq)
+        node.live.discard(seq)
+        self.cached_cells += radix.add_live(node, -1)
+        return node
+
+    def _hold(self, seq: int, node: Node) -> None:
+        node.holder = seq
+        self._held[seq] = node
+
+    def _coldest(self, wanted: Callable[[Node], bool]) -> Node | None:
+        """The least recently used holder's node that `wanted` takes, or None."""
+        nodes = [node for node in self._held.values() if wanted(node)]
+        return min(nodes, key=lambda node: node.used, default=None)
+
+    def _trim(self, leaf: Node, k: int) -> int:
+        """Gives back the last `k` cells of `leaf` (no children, no live sequence: they are
+        its holder's alone); returns k."""
+        seq = leaf.holder
+        assert seq is not None and 0 < k <= len(leaf.tokens)
+        if k < len(leaf.tokens):
+            self._rewind(seq, leaf.depth - k)
+            leaf.tokens, leaf.depth = leaf.tokens[:-k], leaf.depth - k
+            self.n_cells -= k
+            self.cached_cells -= k
+            return k
+        parent = leaf.parent
+        self._detach(leaf)
+        del self._held[seq]
+        if parent.parent is not None and not parent.children and parent.holder is None:
+            self._rewind(seq, parent.depth)  # the parent keeps its cells: seq holds them
+            self._hold(seq, parent)
+        else:
+            self._remove(seq)
+            self._prune(parent)
+        return k
+
+    def _let_go(self, node: Node) -> int:
+        """Removes `node`'s holder; the nodes only it held go with it. Returns the holder."""
+        seq = node.holder
+        assert seq is not None
+        node.holder = None
+        del self._held[seq]
+        before = self.n_cells
+        self._prune(node)
+        self._remove(seq)
+        self.n_evicted_cells += before - self.n_cells
+        return seq
+
+    def _prune(self, node: Node) -> None:
+        """Detaches `node` and its ancestors while no sequence owns them."""
+        while node.parent is not None and not node.is_owned:
+            parent = node.parent
+            self._detach(node)
+            node = parent
+
+    def _detach(self, node: Node) -> None:
+        node.parent.disown(node)
+        self.n_cells -= len(node.tokens)
+        if node.n_live == 0:
+            self.cached_cells -= len(node.tokens)
+
+    def _bound(self) -> None:
+        if self.max_cells is not None and self.cached_cells > self.max_cells:
+            self.evict(self.cached_cells - self.max_cells)
+
+
+def check_salt(salt) -> str | None:
+    """`salt` when it is None or a str, else ConfigError naming it."""
+    if salt is not None and not isinstance(salt, str):
+        raise ConfigError(f"cache_salt must be a str or None, got {short_repr(salt)}")
+    return salt
+
+
+def _as_tokens(tokens, empty: bool = False) -> np.ndarray:
+    """`tokens` as a 1-d int64 array, or ConfigError naming them."""
+    array = np.asarray(tokens)
+    if array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
+        raise ConfigError(f"tokens must be a 1-d list of token ids, got {short_repr(tokens)}")
+    if not len(array) and not empty:
+        raise ConfigError("tokens must hold at least one token id, got none")
+    return array.astype(np.int64)
+
+
+def _nodes(root: Node):
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.child_list())
+
+
+def _verbs(target, completing) -> tuple[Callable, ...]:
+    """(clone, rewind, remove, length) of a cache or of an executor's sessions, taken from
+    `completing` (the target seen through an `Observed` log)."""
+    for names in (CACHE_VERBS, SESSION_VERBS):
+        if all(callable(getattr(target, name, None)) for name in names):
+            return tuple(getattr(completing, name) for name in names)
+    raise ConfigError(
+        f"a prefix cache needs a cache ({', '.join(CACHE_VERBS)}) or an executor "
+        f"({', '.join(SESSION_VERBS)}); {short_repr(target)} has neither"
+    )

@@ -1,0 +1,159 @@
+"""The prefix cache's tree: runs of token ids whose K/V sit in a cell cache, found by
+their prefixes. Pure Python and NumPy; it changes no cache (`numbakv.serve.prefix` does).
+
+A `Node` is an edge of the tree: a run of tokens (positions [depth - len(tokens), depth)
+of every sequence below it) and the sequences that own those cells. The tree is
+physical: every sequence based at a node or below it holds the same cells for the node's
+positions (it was cloned from one that did), so a node's cells are counted once, and two
+children of one node with the same first token are two copies of the same tokens (two
+requests computed them apart) — lookups take the longer match.
+
+    holder  the one sequence the prefix cache holds here (its positions end at `depth`);
+            only a node without children has one
+    live    the caller's sequences based here: they own the node's path, and nothing
+            below it is theirs in the tree
+    n_live  live sequences here or below: a node with none is held by the cache alone
+    used    the clock of its last hit or insert; an ancestor is never older than a node
+            below it, so the least recently used node without children goes first
+"""
+
+from collections.abc import Iterator
+
+import numpy as np
+
+
+class Node:
+    """An edge of the tree: `tokens` ([k] int64) end at position `depth`."""
+
+    __slots__ = ("children", "depth", "holder", "live", "n_live", "parent", "tokens", "used")
+
+    def __init__(self, tokens: np.ndarray, depth: int, parent: "Node | None", used: int = 0):
+        self.tokens = tokens
+        self.depth = depth
+        self.parent = parent
+        self.children: dict[int, list[Node]] = {}
+        self.holder: int | None = None
+        self.live: set[int] = set()
+        self.n_live = 0
+        self.used = used
+
+    @property
+    def start(self) -> int:
+        """The position of its first token."""
+        return self.depth - len(self.tokens)
+
+    @property
+    def is_owned(self) -> bool:
+        """True while a sequence owns its cells: a holder, a live one, or one below it."""
+        return self.holder is not None or bool(self.live) or bool(self.children)
+
+    def child_list(self) -> Iterator["Node"]:
+        for nodes in self.children.values():
+            yield from nodes
+
+    def adopt(self, child: "Node") -> None:
+        self.children.setdefault(int(child.tokens[0]), []).append(child)
+
+    def disown(self, child: "Node") -> None:
+        key = int(child.tokens[0])
+        self.children[key].remove(child)
+        if not self.children[key]:
+            del self.children[key]
+
+    def path(self) -> Iterator["Node"]:
+        """This node and its ancestors up to the root."""
+        node: Node | None = self
+        while node is not None:
+            yield node
+            node = node.parent
+
+
+def common_length(run: np.ndarray, tokens: np.ndarray, at: int, limit: int) -> int:
+    """How many leading tokens of `run` equal tokens[at:limit]."""
+    n = min(len(run), limit - at)
+    if n <= 0:
+        return 0
+    same = run[:n] == tokens[at : at + n]
+    return n if same.all() else int(np.argmin(same))
+
+
+def walk(node: Node, tokens: np.ndarray, limit: int) -> tuple[Node, int]:
+    """(the node the longest match of tokens[:limit] ends in, its length), going down
+    from `node` (the root, or a node whose path `tokens` begin with): the match ends at
+    that node's end, or inside it when the length is below its depth. Where a node has
+    copies of one run (children with the same first token), each is followed and the
+    longer match wins (the more recently used on a tie)."""
+    m = node.depth
+    while m < limit:
+        children = node.children.get(int(tokens[m]), ())
+        if len(children) > 1:
+            ends = [_follow(child, tokens, m, limit) for child in children]
+            return max(ends, key=lambda end: (end[1], end[0].used))
+        if not children:
+            break
+        n = common_length(children[0].tokens, tokens, m, limit)
+        node, m = children[0], m + n
+        if n < len(node.tokens):
+            break
+    return node, m
+
+
+def _follow(child: Node, tokens: np.ndarray, m: int, limit: int) -> tuple[Node, int]:
+    """The match going on from position `m` into `child` and, when all of it matches,
+    below it."""
+    n = common_length(child.tokens, tokens, m, limit)
+    if n < len(child.tokens):
+        return child, m + n
+    return walk(child, tokens, limit)
+
+
+def split(node: Node, depth: int) -> Node:
+    """A new node above `node` holding its tokens before position `depth` (strictly inside
+    it); `node` keeps the rest, its children, holder and live sequences, so a reference to
+    it still names the same end."""
+    k = depth - node.start
+    parent = node.parent
+    assert parent is not None and 0 < k < len(node.tokens)
+    top = Node(node.tokens[:k], depth, parent, node.used)
+    top.n_live = node.n_live
+    parent.disown(node)
+    parent.adopt(top)
+    node.tokens = node.tokens[k:]
+    node.parent = top
+    top.adopt(node)
+    return top
+
+
+def owner_below(node: Node) -> int:
+    """A sequence holding `node`'s path: its holder, a live one, or one of a child's."""
+    while True:
+        if node.holder is not None:
+            return node.holder
+        if node.live:
+            return min(node.live)
+        node = next(node.child_list())
+
+
+def add_live(node: Node, delta: int) -> int:
+    """Adds `delta` (+1, -1) live sequences at `node` to the counts of its path; returns the
+    change in the cells held by the cache alone (nodes whose count left or reached 0)."""
+    change = 0
+    for n in node.path():
+        before = n.n_live
+        n.n_live += delta
+        if before == 0 and n.n_live > 0:
+            change -= len(n.tokens)
+        elif before > 0 and n.n_live == 0:
+            change += len(n.tokens)
+    return change
+
+
+def touch(node: Node, clock: int) -> None:
+    for n in node.path():
+        n.used = clock
+
+
+def path_tokens(node: Node) -> np.ndarray:
+    """Every token from the root to `node`'s end."""
+    runs = [n.tokens for n in node.path()]
+    return np.concatenate(runs[::-1]) if runs else np.zeros(0, np.int64)
