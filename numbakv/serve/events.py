@@ -33,7 +33,9 @@ the request. With a prefix cache, and when memory is short (docs/contract.md §9
                                              prefix cache holds the sequence now)
     evict    cells, cached_cells             the prefix cache gave back `cells` cells
     preempt  request, seqs                   its sessions ended (their inserts came first)
-    resume   request, seqs                   it got sessions again, before new admissions A hook that raises is treated like an observer of the cache that raises: the
+    resume   request, seqs                   it got sessions again, before new admissions
+
+A hook that raises is treated like an observer of the cache that raises: the
 event stands, the engine finishes its call, then an `ObserverError` (the hook's exception
 as its cause) propagates (`faults.Observed.annotate_hook`).
 """
