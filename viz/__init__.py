@@ -1,8 +1,9 @@
 """numbakv.viz: pictures of cell occupancy, from snapshots and traces of either implementation.
 
 Imports no numba. The plots use matplotlib without pyplot (no display needed). Every
-picture aggregates what a pixel covers (`numbakv.viz.pixels`) and colours owners without
-silent collisions (`numbakv.viz.owners`).
+picture aggregates what a pixel covers (`numbakv.viz.pixels`), colours owners without
+silent collisions (`numbakv.viz.owners`) and draws cells only the prefix cache holds as
+cached (`numbakv.viz.holders`).
 """
 
 from .movie import save_movie

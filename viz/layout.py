@@ -8,7 +8,14 @@ from matplotlib.patches import Patch
 
 from numbakv.trace import Trace
 
-from .owners import FREE_COLOUR, MIXED_COLOUR, OTHER_COLOUR, SHARED_COLOUR, Owners
+from .owners import (
+    CACHED_COLOUR,
+    FREE_COLOUR,
+    MIXED_COLOUR,
+    OTHER_COLOUR,
+    SHARED_COLOUR,
+    Owners,
+)
 from .pixels import OwnerPixels
 
 
@@ -92,9 +99,9 @@ def block_grid(rgb: np.ndarray, columns: int, fill: np.ndarray) -> np.ndarray:
     return grid.reshape(n, -1, columns, 3)
 
 
-def owner_legend(ax, owners: Owners, mixed: bool) -> None:
-    """free, shared, the coloured owners largest first, "other …" and "mixed" when drawn;
-    says how many owners there are when not all are shown."""
+def owner_legend(ax, owners: Owners, mixed: bool, cached: bool) -> None:
+    """free, shared, the coloured owners largest first, "other …", "mixed" and "cached
+    (prefix cache)" when drawn; says how many owners there are when not all are shown."""
     handles = [
         Patch(facecolor=FREE_COLOUR, edgecolor="grey", label="free"),
         Patch(facecolor=SHARED_COLOUR, label="shared"),
@@ -105,6 +112,8 @@ def owner_legend(ax, owners: Owners, mixed: bool) -> None:
         handles.append(Patch(facecolor=OTHER_COLOUR, label=f"other {owners.noun} ({rest})"))
     if mixed:
         handles.append(Patch(facecolor=MIXED_COLOUR, label="mixed (no majority)"))
+    if cached:
+        handles.append(Patch(facecolor=CACHED_COLOUR, label="cached (prefix cache)"))
     title = owners.title
     ax.legend(
         handles=handles,

@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 
 from numbakv.trace import Trace
 
+from .holders import CACHED
 from .layout import axes_pixels, bin_size, block_grid, need_steps, owner_legend, shade, span
 from .owners import MIXED, owners_of
 from .pixels import owner_pixels
@@ -46,7 +47,8 @@ def save_movie(
     columns = max(1, min(columns, n_blocks))
     rgb = block_grid(shade(owners, pixels), columns, np.ones(3))  # a picture per row
     image = ax.imshow(rgb[0], interpolation="nearest")
-    owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
+    mixed, cached = bool((pixels.label == MIXED).any()), bool((pixels.label == CACHED).any())
+    owner_legend(ax, owners, mixed=mixed, cached=cached)
     unit = "cell" if block == 1 else f"block of {block} cells"
     ax.set_xlabel(f"{unit} mod {columns}")
     ax.set_ylabel(f"{unit} // {columns}")

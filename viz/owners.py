@@ -4,7 +4,8 @@ requests) or sequences, and colours that never collide silently.
 A palette has a handful of colours one can tell apart; a workload has hundreds of owners.
 The largest owners (by cell-steps held over the whole trace) get the palette's colours,
 every other owner one "other" colour, and the figures say so ("128 sequences; the 9
-largest shown"). Colours are fixed per trace, so every panel of a figure agrees.
+largest shown"). Colours are fixed per trace, so every panel of a figure agrees. Cells only
+the prefix cache's holders hold are no one's: CACHED, one colour (`numbakv.viz.holders`).
 """
 
 from dataclasses import dataclass
@@ -14,7 +15,9 @@ from matplotlib.colors import to_rgb
 
 from numbakv.snapshot import Snapshot
 from numbakv.trace import Trace
-from numbakv.trace.scan import change_codes, change_frames, previous_changes, request_table
+from numbakv.trace.scan import change_frames, previous_changes, request_table
+
+from .holders import CACHED, cell_changes, holder_table
 
 # Okabe & Ito's colour-blind-safe palette without its black (shared cells) and vermillion
 # (too near read_len's red), then Paul Tol's wine, olive and indigo
@@ -31,6 +34,7 @@ PALETTE = (
 )
 FREE_COLOUR, SHARED_COLOUR = "#FFFFFF", "#000000"
 MIXED_COLOUR = "#6A7F9A"  # slate: not a grey, which partly shared (black) pixels are
+CACHED_COLOUR = "#B4C8E0"  # light grey-blue: cells held only by the prefix cache
 OTHER_COLOUR, UNALLOCATED_COLOUR = "#D8C8A8", "#E4E4E4"
 READ_LEN_COLOUR = "#D00000"  # read_len, in every panel
 MARK_COLOUR = "#000000"  # the step a figure is about (dashed)
@@ -44,7 +48,10 @@ class Owners:
     labels        : group index -> "request 7" or "seq 3"
     seq_groups    : [n_frames, max_seqs] int32, each sequence id's group at each frame
                     ([1, max_seqs] for one table's picture)
+    holders       : [n_frames, max_seqs] bool, the prefix cache's holders at each frame
+                    (`numbakv.viz.holders.holder_table`; [1, max_seqs] for one table)
     totals        : [n_groups] int64, cell-steps each group holds alone over the trace
+                    (cells holders alone hold count for no group)
     shown         : the groups with their own colour, largest first (at most len(PALETTE))
     colours       : [n_groups, 3] float64 RGB: PALETTE for `shown`, OTHER_COLOUR otherwise
     """
@@ -52,6 +59,7 @@ class Owners:
     by: str
     labels: tuple[str, ...]
     seq_groups: np.ndarray
+    holders: np.ndarray
     totals: np.ndarray
     shown: tuple[int, ...]
     colours: np.ndarray
@@ -86,11 +94,11 @@ class Owners:
         return None if sum(self.counts) <= len(self.shown) else self.title
 
     def rgb(self, labels: np.ndarray) -> np.ndarray:
-        """[..., 3] float64 colours of pixel labels (group index, FREE, SHARED or MIXED)."""
-        table = np.vstack(
-            [self.colours, [to_rgb(c) for c in (MIXED_COLOUR, SHARED_COLOUR, FREE_COLOUR)]]
-        )
-        return table[np.where(labels >= 0, labels, len(self.colours) + 3 + labels)]
+        """[..., 3] float64 colours of pixel labels (group index, FREE, SHARED, MIXED or
+        CACHED)."""
+        special = (CACHED_COLOUR, MIXED_COLOUR, SHARED_COLOUR, FREE_COLOUR)  # -4 .. -1
+        table = np.vstack([self.colours, [to_rgb(c) for c in special]])
+        return table[np.where(labels >= 0, labels, len(self.colours) - CACHED + labels)]
 
 
 def owners_of(trace: Trace, by: str | None = None) -> Owners:
@@ -109,32 +117,38 @@ def owners_of(trace: Trace, by: str | None = None) -> Owners:
         table = request_table(bindings, n_frames, max_seqs)
         bound = table >= 0
         seq_groups[bound] = max_seqs + np.searchsorted(requests, table[bound])
-    return _ranked(by, labels, seq_groups, _cell_steps(trace, seq_groups, len(labels)))
+    holders = holder_table(trace)
+    totals = _cell_steps(trace, cell_changes(trace, holders), seq_groups, len(labels))
+    return _ranked(by, labels, seq_groups, holders, totals)
 
 
 def snapshot_owners(snapshot: Snapshot) -> Owners:
     """The owners of one table's picture: its sequences, ranked by the cells each holds."""
     codes, max_seqs = snapshot.codes, len(snapshot.live)
     totals = np.bincount(codes[codes >= 0], minlength=max_seqs).astype(np.int64)
-    seq_groups = np.arange(max_seqs)[None]  # one frame
-    return _ranked("seq", [f"seq {s}" for s in range(max_seqs)], seq_groups, totals)
+    seq_groups, holders = np.arange(max_seqs)[None], np.zeros((1, max_seqs), bool)  # one frame
+    return _ranked("seq", [f"seq {s}" for s in range(max_seqs)], seq_groups, holders, totals)
 
 
-def _ranked(by: str, labels: list[str], seq_groups: np.ndarray, totals: np.ndarray) -> Owners:
+def _ranked(
+    by: str, labels: list[str], seq_groups: np.ndarray, holders: np.ndarray, totals: np.ndarray
+) -> Owners:
     """Owners with PALETTE given to the largest groups, largest first."""
     ranked = [g for g in np.argsort(-totals, kind="stable").tolist() if totals[g] > 0]
     shown = tuple(ranked[: len(PALETTE)])
     colours = np.tile(to_rgb(OTHER_COLOUR), (len(labels), 1))
     for colour, group in zip(PALETTE, shown, strict=False):
         colours[group] = to_rgb(colour)
-    return Owners(by, tuple(labels), seq_groups, totals, shown, colours)
+    return Owners(by, tuple(labels), seq_groups, holders, totals, shown, colours)
 
 
-def _cell_steps(trace: Trace, seq_groups: np.ndarray, n_groups: int) -> np.ndarray:
+def _cell_steps(
+    trace: Trace, changes: dict[str, np.ndarray], seq_groups: np.ndarray, n_groups: int
+) -> np.ndarray:
     """[n_groups] int64: summed over the recorded steps, the cells each group holds alone
-    (a sequence's cells counted for the group it has at that step)."""
-    a = trace.arrays
-    codes, frames, previous = change_codes(a), change_frames(a), previous_changes(a)
+    (a sequence's cells counted for the group it has at that step); `changes` the trace's
+    changes as visible codes (`numbakv.viz.holders.cell_changes`)."""
+    codes, frames, previous = changes["codes"], change_frames(changes), previous_changes(changes)
     ids = np.unique(codes[codes >= 0])  # the sequences that ever hold a cell alone
     alone = np.zeros((trace.n_frames, len(ids)), dtype=np.int64)  # its change per frame
     gains, losses = codes >= 0, (previous >= 0) & (codes[np.maximum(previous, 0)] >= 0)

@@ -16,11 +16,15 @@ from .owners import MARK_COLOUR, READ_LEN_COLOUR
 # colours of the Engine's annotation kinds; a user's own kinds take GREYS in turn
 KIND_COLOURS = {
     "admit": "#009E73",
+    "fork": "#332288",
     "finish": "#0072B2",
     "preempt": "#D55E00",
+    "resume": "#999933",
     "cancel": "#CC79A7",
     "error": "#000000",
-    "prefix_hit": "#E69F00",
+    "hit": "#E69F00",
+    "insert": "#56B4E9",
+    "evict": "#882255",
     "growth": "#7F7F7F",
 }
 GREYS = ("#555555", "#999999", "#BBBBBB")

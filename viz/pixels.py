@@ -4,8 +4,9 @@ A picture of a 65 536-cell pool over 4 000 steps has far fewer pixels than cell-
 Each pixel here covers a block of cells (`cell_bin` per column) over a block of steps
 (`step_bin` per row) and keeps what all of them hold: the fraction occupied, the fraction
 shared, and the owner holding the majority of the occupied cell-steps (MIXED when none
-does). A mask pixel keeps how many of its (token, cell) pairs are attended, so one
-attended cell among thousands still lights its pixel.
+does; CACHED when the prefix cache's holders alone hold them, `numbakv.viz.holders`). A
+mask pixel keeps how many of its (token, cell) pairs are attended, so one attended cell
+among thousands still lights its pixel.
 """
 
 from dataclasses import dataclass
@@ -14,8 +15,9 @@ import numpy as np
 
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Trace, TraceStep
-from numbakv.trace.scan import change_codes, replay_codes
+from numbakv.trace.scan import replay_codes
 
+from .holders import CACHED, cell_changes
 from .owners import MIXED, Owners
 
 
@@ -26,10 +28,11 @@ class OwnerPixels:
     cell_edges : [cols + 1] int64, column j covers cells [cell_edges[j], cell_edges[j + 1])
     step_edges : [rows + 1] int64, row i covers recorded steps [step_edges[i], step_edges[i+1])
     occupied   : [rows, cols] float64, fraction of the pixel's cell-steps occupied
-    shared     : [rows, cols] float64, fraction of them shared (held by several sequences)
-    label      : [rows, cols] int64, the owner group (`Owners.labels`) or SHARED holding
-                 more than half of the occupied cell-steps; MIXED when none does; FREE when
-                 none is occupied
+    shared     : [rows, cols] float64, fraction of them shared (held by several running
+                 sequences: holders of the prefix cache left out, `numbakv.viz.holders`)
+    label      : [rows, cols] int64, the owner group (`Owners.labels`), SHARED or CACHED
+                 (held by holders of the prefix cache alone) holding more than half of the
+                 occupied cell-steps; MIXED when none does; FREE when none is occupied
     """
 
     cell_edges: np.ndarray
@@ -59,17 +62,20 @@ def owner_pixels(
 ) -> OwnerPixels:
     """Owner pixels of cells [cells[0], cells[1]) at recorded steps [steps[0], steps[1]),
     `cell_bin` cells per column and `step_bin` steps per row. Cells past a step's read_len
-    are free. One replay of the trace up to the last step drawn, O(changes + rows * cols *
-    ids used): never a [steps, cells] array. `progress(done, total)`, when given, hears
-    how many of the steps drawn are done, now and then."""
+    are free; a cell only `owners.holders` hold is CACHED, and holders sharing a cell with
+    running sequences leave it to them. One replay of the trace up to the last step drawn,
+    O(changes + rows * cols * ids used): never a [steps, cells] array. `progress(done,
+    total)`, when given, hears how many of the steps drawn are done, now and then."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
     n_cols = len(cell_edges) - 1
-    new_codes = change_codes(trace.arrays)
+    changes = cell_changes(trace, owners.holders)
+    new_codes = changes["codes"]
     ids = np.unique(new_codes)
     ids = ids[ids >= 0]  # only ids that ever hold a cell alone get counts: O(ids used)
-    slot_of = np.full(trace.config.max_seqs + 2, len(ids), dtype=np.int64)  # codes -> slots:
-    slot_of[ids], slot_of[FREE] = np.arange(len(ids)), -1  # SHARED (-2) and FREE (-1) index
-    # from the end, so the shared slot (len(ids)) and free (-1) need no branch
+    slot_of = np.full(trace.config.max_seqs - CACHED, len(ids), dtype=np.int64)  # code: slot
+    slot_of[ids], slot_of[FREE], slot_of[CACHED] = np.arange(len(ids)), -1, len(ids) + 1
+    # FREE, SHARED and CACHED index from the end, so free (-1) and the shared (len(ids)) and
+    # cached (len(ids) + 1) slots need no branch
     groups = owners.seq_groups[:, ids]
     rows = _Rows(cell_edges, step_edges, len(ids), groups)
     column = np.full(max(cells[1], 1), n_cols, dtype=np.int64)  # each cell's column; n_cols: out
@@ -77,7 +83,7 @@ def owner_pixels(
     slot = np.full(max(cells[1], 1), -1, dtype=np.int64)  # each cell's owner's slot, -1 free
     clock = trace.frame_steps  # a frame's changes hold from the step it leads into on
     n_cells = int(trace.arrays["read_len"].max(initial=0))
-    for f, codes, changed in replay_codes(trace.arrays, n_cells, new_codes):
+    for f, codes, changed in replay_codes(changes, n_cells, new_codes):
         t = int(clock[f])
         if t >= steps[1]:
             break
@@ -108,7 +114,8 @@ class _Rows:
         self.cell_edges, self.step_edges, self.seq_groups = cell_edges, step_edges, seq_groups
         self.occupied, self.shared = np.zeros((n_rows, n_cols)), np.zeros((n_rows, n_cols))
         self.label = np.full((n_rows, n_cols), FREE, dtype=np.int64)
-        self.now = np.zeros((n_cols + 1, n_ids + 1), dtype=np.int64)  # column x slot (, shared)
+        # column (, out) x slot (, shared, cached)
+        self.now = np.zeros((n_cols + 1, n_ids + 2), dtype=np.int64)
         self.summed = np.zeros_like(self.now)  # cell-steps so far in the current row
         self.since = np.full(self.now.shape, step_edges[0], dtype=np.int64)
         self.retired: list[tuple[int, np.ndarray]] = []  # (group, counts) of ids rebound
@@ -152,38 +159,39 @@ class _Rows:
 def _row(
     summed: np.ndarray, seq_groups: np.ndarray, retired: list, area: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(occupied, shared, label) [cols] of one row of pixels from its [cols, ids + 1]
-    cell-step counts per sequence (and shared), the sequences' groups, and counts of
-    groups whose ids were rebound during the row."""
+    """(occupied, shared, label) [cols] of one row of pixels from its [cols, ids + 2]
+    cell-step counts per sequence (then shared, then cached), the sequences' groups, and
+    counts of groups whose ids were rebound during the row."""
     if not retired and len(np.unique(seq_groups)) == len(seq_groups):  # a group per id
-        group_ids, by_group = seq_groups.astype(np.int64), summed[:, :-1]
+        group_ids, by_group = seq_groups.astype(np.int64), summed[:, :-2]
     else:  # ids of one group (a request's forks, a reused id) summed into its column
         keys = np.concatenate([seq_groups, [g for g, _ in retired]]).astype(np.int64)
-        counts = np.hstack([summed[:, :-1], *[c[:, None] for _, c in retired]])
+        counts = np.hstack([summed[:, :-2], *[c[:, None] for _, c in retired]])
         group_ids, index = np.unique(keys, return_inverse=True)
         order = np.argsort(index, kind="stable")
         starts = np.flatnonzero(np.diff(index[order], prepend=-1))
         by_group = np.add.reduceat(counts[:, order], starts, axis=1)  # [cols, groups here]
-    held = np.hstack([by_group, summed[:, -1:]])  # the last: shared cell-steps
+    held = np.hstack([by_group, summed[:, -2:]])  # the last two: shared, cached cell-steps
     total = held.sum(axis=1)
     best = held.argmax(axis=1)
-    label = np.append(group_ids, SHARED)[best]
+    label = np.append(group_ids, [SHARED, CACHED])[best]
     label[2 * held[np.arange(len(held)), best] <= total] = MIXED
     label[total == 0] = FREE
-    return total / area, summed[:, -1] / area, label
+    return total / area, summed[:, -2] / area, label
 
 
 def table_pixels(
     codes: np.ndarray, seq_groups: np.ndarray, cells: tuple[int, int], cell_bin: int
 ) -> OwnerPixels:
-    """One row of owner pixels of one table: `codes` [read_len] int32 (ids, FREE, SHARED),
-    `seq_groups` [max_seqs] each id's group, over cells [cells[0], cells[1])."""
+    """One row of owner pixels of one table: `codes` [read_len] int32 (ids, FREE, SHARED,
+    CACHED), `seq_groups` [max_seqs] each id's group, over cells [cells[0], cells[1])."""
     cell_edges = edges(*cells, cell_bin)
     inside = np.arange(cells[0], min(cells[1], len(codes)))
     code = codes[inside].astype(np.int64)
     ids = np.unique(code[code >= 0])  # a count per id present, not per max_seqs
-    slot = np.where(code >= 0, np.searchsorted(ids, code), np.where(code == SHARED, len(ids), -1))
-    held, width = slot >= 0, len(ids) + 1
+    special = np.select([code == SHARED, code == CACHED], [len(ids), len(ids) + 1], -1)
+    slot = np.where(code >= 0, np.searchsorted(ids, code), special)
+    held, width = slot >= 0, len(ids) + 2
     flat = (inside[held] - cells[0]) // cell_bin * width + slot[held]
     summed = np.bincount(flat, minlength=(len(cell_edges) - 1) * width).reshape(-1, width)
     occupied, shared, label = _row(summed, seq_groups[ids], [], np.diff(cell_edges))

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from numbakv.snapshot import FREE, Snapshot
 from numbakv.trace import Trace
 
+from .holders import CACHED, table_codes
 from .layout import (
     axes_pixels,
     bin_size,
@@ -57,23 +58,23 @@ def plot_cells(
 
     A block is `bin` cells (default: 1 when the grid fits the picture, else the fewest that
     fit); its colour is the majority owner's, as light as the block is empty. Free white,
-    shared black; a red bar stands before read_len; grey past the pool's allocated rows.
+    shared black, held only by the prefix cache light grey-blue; a red bar stands before
+    read_len; grey past the pool's allocated rows.
     """
     fig = new_figure(fig, (10, 6), dpi)
     if isinstance(source, Trace):
         frame = source.step_frames[_step(source, step)]
         snap, owners = source.snapshot(frame), owners or owners_of(source, by)
-        groups = owners.seq_groups[frame]
     else:
-        snap, owners = source, owners or snapshot_owners(source)
-        groups = owners.seq_groups[0]
+        frame, snap, owners = 0, source, owners or snapshot_owners(source)
+    groups, codes = owners.seq_groups[frame], table_codes(snap, owners.holders[frame])
     n = max(snap.rows, snap.read_len, 1)
     lo, hi = span(cells, n, "cells")
     ax = fig.subplots()
     width, height = _room(ax, owners)
     cols_max, rows_max = max(int(width // 2), 1), max(int(height // 2), 1)  # >= 2 x 2 px each
     block = bin_size(hi - lo, cols_max * rows_max, bin, "bin")
-    pixels = table_pixels(snap.codes, groups, (lo, hi), block)
+    pixels = table_pixels(codes, groups, (lo, hi), block)
     n_blocks = len(pixels.label[0])
     columns = grid_columns(n_blocks, cols_max, rows_max) if columns is None else int(columns)
     columns = max(1, min(columns, n_blocks))
@@ -87,7 +88,7 @@ def plot_cells(
         if row == grid_rows:  # read_len ends the grid's last line: the bar closes it
             row, col = row - 1, columns
         ax.plot([col - 0.5, col - 0.5], [row - 0.5, row + 0.5], color=READ_LEN_COLOUR, lw=3)
-    used = int(np.count_nonzero(snap.codes != FREE))
+    used = int(np.count_nonzero(codes != FREE))
     ax.set_title(
         f"{snap.read_len} read_len, {used} used, {snap.rows} rows allocated of "
         f"{snap.capacity} capacity{binned_note(block)}",
@@ -96,7 +97,8 @@ def plot_cells(
     unit = "cell" if block == 1 else f"block of {block} cells"
     ax.set_xlabel(f"{unit} mod {columns}" + (f", from cell {lo}" if lo else ""))
     ax.set_ylabel(f"{unit} // {columns}")
-    owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
+    mixed, cached = bool((pixels.label == MIXED).any()), bool((pixels.label == CACHED).any())
+    owner_legend(ax, owners, mixed=mixed, cached=cached)
     fig.numbakv = {"pixels": pixels, "owners": owners, "columns": columns, "snapshot": snap}
     return fig
 
@@ -118,7 +120,7 @@ def _room(ax, owners: Owners) -> tuple[float, float]:
     ax.set_title("read_len", fontsize="medium")
     ax.set_xlabel("cell")
     ax.set_ylabel("cell")
-    owner_legend(ax, owners, mixed=True)
+    owner_legend(ax, owners, mixed=True, cached=bool(owners.holders.any()))
     return axes_pixels(ax)
 
 
@@ -168,7 +170,8 @@ def plot_timeline(
     ax.set_title(
         f"cell owners over time (red: read_len){binned_note(cell_bin, step_bin)}", fontsize="medium"
     )
-    owner_legend(ax, owners, mixed=bool((pixels.label == MIXED).any()))
+    mixed, cached = bool((pixels.label == MIXED).any()), bool((pixels.label == CACHED).any())
+    owner_legend(ax, owners, mixed=mixed, cached=cached)
     fig.numbakv = {"pixels": pixels, "owners": owners}
     return fig
 
