@@ -56,7 +56,7 @@ class Admission:
         their prefills; False, with nothing changed, when there is no room."""
         resumed = bool(r.samples)
         samples = [s for s in r.samples if s.finish_reason is None] if resumed else [Sample(0)]
-        if not resumed and self._prefilling(r.prompt, r.cache_salt):
+        if not resumed and self._prefilling(r.prompt_ids, r.cache_salt):
             return False
         n_ended = sum(s.finish_reason is not None for s in r.samples)
         if not self.sessions.room_for_sessions(r.n - n_ended, self.reserved()):
@@ -117,7 +117,7 @@ class Admission:
         self.waiting.appendleft(r)
         self.notes("preempt", request=r.id, seqs=seqs)
 
-    def _prefilling(self, prompt: list[int], salt: str | None) -> bool:
+    def _prefilling(self, prompt: np.ndarray, salt: str | None) -> bool:
         """True when a running request of `salt` is still computing at least half of what
         the prefix cache lacks of `prompt`: waiting for it turns that into a hit."""
         if self.sessions.prefix is None:
@@ -126,11 +126,7 @@ class Admission:
         for other, sample in self.running.values():
             if sample.index or other.cache_salt != salt or sample.n_fed >= len(other.prompt):
                 continue
-            if 2 * (_shared(other.prompt, prompt) - cached) >= len(prompt) - cached:
+            shared = common_length(other.prompt_ids, prompt, 0, len(prompt) - 1)
+            if 2 * (shared - cached) >= len(prompt) - cached:
                 return True
         return False
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    """The tokens `a` and `b` begin with in common, at most len(b) - 1."""
-    return common_length(np.asarray(a), np.asarray(b), 0, len(b) - 1)

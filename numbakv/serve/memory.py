@@ -42,7 +42,7 @@ class Sessions:
         cached prefix, else an empty session; its generator as after its sampled tokens."""
         sampling, drawn = r.sampling_of(sample), len(sample.tokens)
         if self.prefix is not None:
-            tokens = r.context(sample)
+            tokens = r.context_ids(sample)
             session, m = self.prefix.acquire(tokens, r.cache_salt, sampling=sampling, drawn=drawn)
             if session is not None:
                 self.notes("hit", request=r.id, seq=session, tokens=m)
@@ -52,7 +52,7 @@ class Sessions:
     def shared(self, r: Request, session: int) -> None:
         """`session` (sample 0 of `r`) has computed the whole prompt: later prompts may hit it."""
         if self.prefix is not None:
-            self.prefix.share(session, r.prompt, r.cache_salt)
+            self.prefix.share(session, r.prompt_ids, r.cache_salt)
             self.notes("insert", request=r.id, seq=session, tokens=len(r.prompt), held=False)
 
     def forked(self, src: int, clone: int) -> None:
@@ -65,7 +65,7 @@ class Sessions:
         if self.prefix is None:
             self.executor.close_session(sample.session)
             return
-        tokens = r.context(sample)[: sample.n_fed]
+        tokens = r.context_ids(sample, sample.n_fed)
         self.prefix.insert(sample.session, tokens, r.cache_salt)
         self.notes("insert", request=r.id, seq=sample.session, tokens=len(tokens), held=True)
         self._note_evictions()

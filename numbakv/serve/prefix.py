@@ -352,12 +352,12 @@ def check_salt(salt) -> str | None:
 
 def _as_tokens(tokens, empty: bool = False) -> np.ndarray:
     """`tokens` as a 1-d int64 array, or ConfigError naming them."""
-    array = np.asarray(tokens)
+    array = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
         raise ConfigError(f"tokens must be a 1-d list of token ids, got {short_repr(tokens)}")
     if not len(array) and not empty:
         raise ConfigError("tokens must hold at least one token id, got none")
-    return array.astype(np.int64)
+    return array.astype(np.int64, copy=False)
 
 
 def _nodes(root: Node):

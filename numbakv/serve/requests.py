@@ -3,6 +3,7 @@
 submission's arguments (ConfigError, naming the bad value, before anything is queued) and
 of the engine's parts."""
 
+import functools
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -130,6 +131,18 @@ class Request:
     def context(self, sample: Sample) -> list[int]:
         """The tokens `sample` has: the prompt, then what it sampled."""
         return self.prompt + sample.tokens
+
+    @functools.cached_property
+    def prompt_ids(self) -> np.ndarray:
+        """[len(prompt)] int64: the prompt as the prefix cache reads it, made once."""
+        return np.fromiter(self.prompt, np.int64, len(self.prompt))
+
+    def context_ids(self, sample: Sample, n: int | None = None) -> np.ndarray:
+        """The first `n` (default all) of `context(sample)`, as [n] int64."""
+        ids = self.prompt_ids
+        if sample.tokens:
+            ids = np.concatenate([ids, np.asarray(sample.tokens, np.int64)])
+        return ids[:n]
 
     def sampling_of(self, sample: Sample) -> Sampling:
         """Sample i draws with seed `seed + i`."""
