@@ -1,197 +1,267 @@
-"""What does the prefix cache reuse, and what does it cost on the host? Prints figures;
-asserts nothing about timing.
+"""What does the prefix cache hit, against an unbounded cache and vLLM's block rule, and
+what does it cost the host? Prints figures; asserts nothing about timing.
 
-    python -m benchmarks.prefix_cache           # four traces x three pool sizes, minutes
-    python -m benchmarks.prefix_cache --quick   # short traces, seconds
+    python -m benchmarks.prefix_cache            # about four minutes (NumPy reference cache)
+    python -m benchmarks.prefix_cache --quick    # about half a minute
 
-Four deterministic traces, all requests submitted at once to an `Engine` over the
-reference cache (a tiny model with a global and a window-8 layer, greedy, 4 new tokens):
-a shared system prompt (three system prompts of 517, 1203 and 1999 tokens in the full run),
-multi-turn chat (each turn repeats the conversation), few-shot (each prompt picks three of
-a pool of examples) and tree-of-thought (branching continuations of one stem). Shared
-prefixes do not end on 16-token boundaries. Per trace and pool size (1x, 2x and 8x the
-working set: the distinct tokens of every prompt and completion, which an unbounded cache
-keeps), it prints:
+Four workload shapes (`benchmarks.prefix_workloads`: shared system prompt, multi-turn
+chat, few-shot, tree-of-thought), each a deterministic trace of greedy requests of 16 new
+tokens, served through the `Engine` over the reference `CellCache` with a tiny model (2
+layers, one a sliding window of 8) by `CLIENTS` clients: each submits the trace's next
+request when its last one finished, in trace order (a multi-turn prompt is built then,
+from the answer the model gave). Per shape, at pool sizes (the cache's capacity) of 1x, 2x
+and 8x the working set, once with a `PrefixCache` (no max_cells) and once without
+(`prefix_cache=None`):
 
-- hit: cached tokens / prompt tokens, as the engine counted them (`n_cached_tokens`);
-- trie: what an unbounded cache would hit — per prompt, the tokens it shares with any
-  earlier prompt or completion, capped at len - 1 (a trie, computed apart from numbakv);
-- vllm: vLLM's rule on the same trace — only whole 16-token blocks of a hash chain hit;
-- computed: prefill tokens computed with and without the prefix cache;
-- preempt, recomputed: preemptions and tokens computed again after them.
+    hit %       prompt tokens served from the prefix cache (`n_cached_tokens`) / prompt tokens
+    trie %      the same for an unbounded cache: each prompt's tokens shared with any
+                earlier request's cells (its prompt and all but the last answer token), by
+                a trie of the run's trace; it counts requests still in flight, which the
+                engine hits only by waiting for their prefill
+    vLLM %      vLLM's rule on that trace: only full 16-token blocks of a hash chain hit
+    computed    prefill tokens computed with / without the cache: the requests'
+                n_prompt_tokens - n_cached_tokens + n_recomputed_tokens
+    preempt     preemptions, and the tokens computed again after them, with / without
+    same trace  whether both runs had the same prompts and answers
 
-Then host µs per lookup (`match`) and per insert at 1 000 cached prefixes of 2 000 tokens,
-over a target that only counts lengths (the µs exclude the cache's own verbs).
+The working set is what an unbounded cache needs at once: the distinct cells the trie's
+hits read (on the trace with stand-ins for the answers, known before anything runs), plus
+CLIENTS x the mean cells a running request holds of its own (its uncached prompt and its
+new tokens). The pool is at least the longest request.
+
+Then the host cost of `PrefixCache` itself, at 1 000 cached prefixes of 2 000 tokens, in
+two trees: random branches (each prefix branches off an earlier one at a random position:
+about 75 nodes deep) and one system prompt (half of every prefix shared): median µs of
+`match`, `acquire`, `insert` (of the acquired sequence, grown to 2 000 positions) and
+`evict_holder` (which brings it back to 1 000), over fresh prefixes built alike, given as
+int64 arrays as the engine keeps them. Its target is `Lengths`, a stand-in that keeps only
+each sequence's length, so the µs exclude the cache's own verbs (`seq_clone`, `rewind`,
+`seq_rm`).
 """
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from benchmarks.common import gc_off, print_machine, print_table
+from benchmarks.prefix_workloads import Trace, Workload, trie_hits, vllm_hits, workloads
+from numbakv import Engine, Executor, Model, ModelConfig, PrefixCache
 from numbakv.reference import CellCache
-from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor
-from numbakv.serve.model import Model, ModelConfig
-from numbakv.serve.prefix import PrefixCache
-from numbakv.serve.scheduler import DecodeFirstScheduler
 
-MODEL = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
-FULL = {"requests": 120, "system": (517, 1203, 1999), "scale": 1}
-QUICK = {"requests": 24, "system": (37, 83, 141), "scale": 0}
-NEW = 4
+TINY = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
+CLIENTS = 8
+MAX_SEQS = 256  # sessions: the running requests and the prefix cache's holders
+MAX_WIDTH = 256
+POOLS = (1, 2, 8)  # x the working set
+N_PREFIXES, PREFIX_LEN = 1000, 2000
 
 
-def tokens(rng: np.random.Generator, n: int) -> list[int]:
-    return [int(t) for t in rng.integers(0, 256, n)]
+@dataclass(frozen=True)
+class Run:
+    """One workload served at one pool size: the trace and the engine's sums."""
+
+    trace: Trace
+    n_prompt: int
+    n_cached: int
+    n_recomputed: int
+    n_preemptions: int
+
+    @property
+    def n_computed(self) -> int:
+        return self.n_prompt - self.n_cached + self.n_recomputed
 
 
-def traces(size: dict) -> dict[str, list[list[int]]]:
-    """Each trace's prompts (multi-turn's later turns are built as the run goes: None)."""
-    rng = np.random.default_rng(7)
-    n, scale = size["requests"], size["scale"]
-    systems = [tokens(rng, k) for k in size["system"]]
-    examples = [tokens(rng, 37 + 60 * scale) for _ in range(8)]
-    stem = tokens(rng, 101 + 400 * scale)
-    branches = [tokens(rng, 23 + 40 * scale) for _ in range(4)]
-    return {
-        "system prompt": [systems[i % 3] + tokens(rng, 9 + i % 7) for i in range(n)],
-        "few-shot": [
-            [t for j in sorted(rng.choice(8, 3, replace=False)) for t in examples[j]]
-            + tokens(rng, 11)
-            for _ in range(n)
-        ],
-        "tree of thought": [stem + branches[i % 4] + tokens(rng, 7 + i % 5) for i in range(n)],
-    }
+def serve(workload: Workload, model: Model, capacity: int, cached: bool) -> Run:
+    """Serves the workload in trace order, CLIENTS requests at most in flight."""
+    config = model.config.cache_config(capacity=capacity, max_width=MAX_WIDTH, max_seqs=MAX_SEQS)
+    executor = Executor(model, CellCache(config), MAX_SEQS, workload.longest, oversubscribe=True)
+    engine = Engine(executor, prefix_cache=PrefixCache(executor) if cached else None)
+    prompts: list[list[int]] = []
+    answers: list[list[int] | None] = [None] * len(workload)
+    flying: dict[int, int] = {}  # request id -> its entry
+    while len(prompts) < len(workload) or flying:
+        submit_ready(engine, workload, prompts, answers, flying)
+        engine.step()
+        for request, i in list(flying.items()):
+            done = engine.result(request)
+            if done.finish_reasons[0] is not None:
+                answers[i] = done.tokens[0]
+                del flying[request]
+    m = engine.metrics
+    trace = [(p, p + a[:-1]) for p, a in zip(prompts, answers, strict=True)]
+    return Run(trace, m.n_prompt_tokens, m.n_cached_tokens, m.n_recomputed_tokens, m.n_preemptions)
 
 
-def shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b) - 1) and a[n] == b[n]:
-        n += 1
-    return n
+def submit_ready(
+    engine: Engine,
+    workload: Workload,
+    prompts: list[list[int]],
+    answers: list[list[int] | None],
+    flying: dict[int, int],
+) -> None:
+    """Submits the next entries while a client is free and the entry it follows (if any)
+    has its answer; their prompts go to `prompts`, their request ids to `flying`."""
+    while len(prompts) < len(workload) and len(flying) < CLIENTS:
+        after = workload.entries[len(prompts)].after
+        if after is not None and answers[after] is None:
+            return
+        prompts.append(workload.prompt(len(prompts), answers))
+        flying[engine.submit(prompts[-1], workload.max_new_tokens)] = len(prompts) - 1
 
 
-def trie_and_vllm(prompts: list[list[int]], kept: list[list[int]]) -> tuple[int, int]:
-    """(tokens an unbounded cache hits, tokens vLLM's block rule hits) over the trace."""
-    trie = vllm = 0
-    blocks: set[tuple[int, ...]] = set()
-    for i, (prompt, done) in enumerate(zip(prompts, kept, strict=True)):
-        best = 0
-        for k in range(16, len(prompt), 16):
-            if tuple(prompt[:k]) not in blocks:
-                break
-            best = k
-        vllm += best
-        trie += max((shared(other, prompt) for other in kept[:i]), default=0)
-        for k in range(16, len(done) + 1, 16):
-            blocks.add(tuple(done[:k]))
-    return trie, vllm
+def working_set(workload: Workload) -> int:
+    """The cells an unbounded cache holds at once (the module docstring)."""
+    trace = workload.placeholder_trace()
+    hits, n_read = trie_hits(trace)
+    own = [len(p) - h + workload.max_new_tokens for (p, _), h in zip(trace, hits, strict=True)]
+    return n_read + round(CLIENTS * np.mean(own))
 
 
-def serve(prompts, capacity: int, prefix: bool, longest: int):
-    """(completions, engine metrics) of the trace on a pool of `capacity` cells."""
-    config = MODEL.cache_config(capacity=capacity, max_width=256, max_seqs=32)
-    executor = Executor(Model.from_seed(MODEL, 0), CellCache(config), 16, longest,
-                        oversubscribe=True)  # fmt: skip
-    cache = PrefixCache(executor) if prefix else None
-    engine = Engine(executor, DecodeFirstScheduler(256, 16, 240), prefix_cache=cache)
-    done = engine.generate(prompts, max_new_tokens=NEW)
-    return done, engine.metrics
+def percent(hits: list[int] | int, trace: Trace) -> str:
+    return f"{100 * np.sum(hits) / sum(len(p) for p, _ in trace):.1f}"
 
 
-def chat_prompts(rng: np.random.Generator, n: int) -> list[list[int]]:
-    """Multi-turn chat, built ahead: turn k repeats turn k-1 and a stand-in reply."""
-    chats = [tokens(rng, 29) for _ in range(max(1, n // 6))]
-    prompts = []
-    for turn in range(6):
-        for c, chat in enumerate(chats):
-            prompts.append(list(chat))
-            chats[c] = chat + tokens(rng, NEW) + tokens(rng, 13 + turn)
-    return prompts
+def pool_row(workload: Workload, model: Model, times: int, ws: int) -> list[str]:
+    """The table's row of the workload at `times` x the working set `ws`."""
+    capacity = max(times * ws, workload.longest)
+    cached, uncached = (serve(workload, model, capacity, on) for on in (True, False))
+    trace = cached.trace
+    return [
+        f"{times}x = {capacity}",
+        percent(cached.n_cached, trace),
+        percent(trie_hits(trace)[0], trace),
+        percent(vllm_hits(trace), trace),
+        f"{cached.n_computed} / {uncached.n_computed}",
+        f"{cached.n_preemptions} / {uncached.n_preemptions}",
+        f"{cached.n_recomputed} / {uncached.n_recomputed}",
+        "yes" if cached.trace == uncached.trace else "no",
+    ]
 
 
-def report(name: str, prompts: list[list[int]]) -> None:
-    longest = max(len(p) for p in prompts) + NEW
-    base, base_metrics = serve(prompts, 10**7, prefix=False, longest=longest)
-    kept = [d.prompt + d.tokens[0][:-1] for d in base]
-    working = len({tuple(k[:i]) for k in kept for i in range(1, len(k) + 1)})
-    trie, vllm = trie_and_vllm(prompts, kept)
-    total = sum(len(p) for p in prompts)
-    computed_off = total + base_metrics.n_recomputed_tokens
-    for factor in (1, 2, 8):
-        capacity = max(working * factor, 2 * longest)
-        done, m = serve(prompts, capacity, prefix=True, longest=longest)
-        same = [d.tokens for d in done] == [d.tokens for d in base]
-        computed = total - m.n_cached_tokens + m.n_recomputed_tokens
-        print(
-            f"{name:<16} {factor}x {capacity:>8} hit {m.n_cached_tokens / total:6.1%} "
-            f"trie {trie / total:6.1%} vllm {vllm / total:6.1%} computed {computed:>7} "
-            f"of {computed_off:>7} preempt {m.n_preemptions:>4} recomputed "
-            f"{m.n_recomputed_tokens:>6} same tokens {same}"
-        )
+def print_workload(workload: Workload, model: Model) -> None:
+    ws = working_set(workload)
+    n_tokens = sum(len(p) for p, _ in workload.placeholder_trace())
+    print(
+        f"\n{workload.name}: {len(workload)} requests, {n_tokens} prompt tokens, the longest "
+        f"request {workload.longest} positions; working set {ws} cells"
+    )
+    headers = [
+        "pool (cells)", "hit %", "trie %", "vLLM %", "computed w/wo", "preempt w/wo",
+        "recomputed w/wo", "same trace",
+    ]  # fmt: skip
+    print_table(headers, [pool_row(workload, model, times, ws) for times in POOLS])
 
 
 class Lengths:
-    """A target that only counts lengths: the µs of the tree alone."""
+    """A stand-in cache for the prefix cache's verbs: each sequence's length, no cells."""
 
-    def __init__(self):
-        self.length: dict[int, int] = {}
+    def __init__(self) -> None:
+        self.lengths: dict[int, int] = {}
+        self._next = 0
 
-    def seq_clone(self, src, upto=None):
-        seq = len(self.length)
-        self.length[seq] = upto
+    def seq_new(self) -> int:
+        self._next += 1
+        self.lengths[self._next] = 0
+        return self._next
+
+    def seq_clone(self, src: int, upto: int | None = None) -> int:
+        seq = self.seq_new()
+        self.lengths[seq] = self.lengths[src] if upto is None else upto
         return seq
 
-    def rewind(self, seq, position):
-        self.length[seq] = position
+    def rewind(self, seq: int, position: int) -> None:
+        self.lengths[seq] = position
 
-    def seq_rm(self, seq):
-        del self.length[seq]
+    def seq_rm(self, seq: int) -> None:
+        del self.lengths[seq]
 
-    def pos(self, seq):
-        return self.length[seq]
+    def pos(self, seq: int) -> int:
+        return self.lengths[seq]
 
-    def new(self, n: int) -> int:
-        seq = len(self.length)
-        self.length[seq] = n
+    def computed(self, seq: int | None, length: int) -> int:
+        """`seq` (a new one when None) grown to `length` positions, as a prefill would."""
+        seq = self.seq_new() if seq is None else seq
+        self.lengths[seq] = length
         return seq
 
 
-def host_costs(n_prefixes: int = 1000, n_tokens: int = 2000) -> None:
-    """Each prompt a lookup (`acquire`: the hit's clone) and an insert of its whole length,
-    as a request goes; then a lookup of each again among every cached prefix."""
-    rng = np.random.default_rng(3)
-    target, stem = Lengths(), tokens(rng, n_tokens // 2)
+def branch(rng: np.random.Generator, prefixes: list[list[int]]) -> list[int]:
+    """A prefix of PREFIX_LEN tokens branching off a random one of `prefixes` at a random
+    position (a random one when there are none)."""
+    if not prefixes:
+        return rng.integers(0, 256, PREFIX_LEN).tolist()
+    stem = prefixes[int(rng.integers(len(prefixes)))][: int(rng.integers(PREFIX_LEN))]
+    return stem + rng.integers(0, 256, PREFIX_LEN - len(stem)).tolist()
+
+
+def shared_stem(rng: np.random.Generator, prefixes: list[list[int]]) -> list[int]:
+    """A prefix of PREFIX_LEN tokens: a system prompt of half of them, then its own."""
+    stem = prefixes[0][: PREFIX_LEN // 2] if prefixes else []
+    return stem + rng.integers(0, 256, PREFIX_LEN - len(stem)).tolist()
+
+
+def host_costs(repeat: int, make=branch, seed: int = 0) -> dict[str, list[float]]:
+    """Seconds of each verb per fresh prefix made by `make`, at N_PREFIXES cached ones. The
+    tokens go in as an int64 array, as the engine keeps a request's (made once)."""
+    rng = np.random.default_rng(seed)
+    target = Lengths()
     prefix = PrefixCache(target)
-    prompts = [stem + tokens(rng, n_tokens // 2) for _ in range(n_prefixes)]
-    inserting = 0.0
-    for p in prompts:
-        seq, _ = prefix.acquire(p)
-        seq = target.new(len(p)) if seq is None else seq
-        target.length[seq] = len(p)  # the rest computed
-        start = time.perf_counter()
-        prefix.insert(seq, p)
-        inserting += time.perf_counter() - start
+    prefixes: list[list[int]] = []
+    for _ in range(N_PREFIXES):
+        prefixes.append(make(rng, prefixes))
+        seq, _ = prefix.acquire(prefixes[-1])
+        prefix.insert(target.computed(seq, PREFIX_LEN), prefixes[-1])
+    times: dict[str, list[float]] = {"match": [], "acquire": [], "insert": [], "evict_holder": []}
+    with gc_off():
+        for _ in range(repeat):
+            tokens = np.array(make(rng, prefixes), dtype=np.int64)
+            clock(times["match"], prefix.match, tokens)
+            seq, _ = clock(times["acquire"], prefix.acquire, tokens)
+            clock(times["insert"], prefix.insert, target.computed(seq, PREFIX_LEN), tokens)
+            clock(times["evict_holder"], prefix.evict_holder)
+    return times
+
+
+def clock(into: list[float], call: Callable, *args):
+    """call(*args), its seconds appended to `into`."""
     start = time.perf_counter()
-    for p in prompts:
-        prefix.match(p)
-    match_us = (time.perf_counter() - start) / n_prefixes * 1e6
-    insert_us = inserting / n_prefixes * 1e6
+    result = call(*args)
+    into.append(time.perf_counter() - start)
+    return result
+
+
+def print_host_costs(repeat: int) -> None:
     print(
-        f"host: {n_prefixes} cached prefixes of {n_tokens} tokens: lookup {match_us:.0f} µs, "
-        f"insert {insert_us:.0f} µs, together {match_us + insert_us:.0f} µs"
+        f"\nhost µs of PrefixCache at {N_PREFIXES} cached prefixes of {PREFIX_LEN} tokens "
+        f"(target: lengths only), median of {repeat}"
     )
+    shapes = {"random branches": branch, "one system prompt": shared_stem}
+    costs = {name: host_costs(repeat, make) for name, make in shapes.items()}
+    rows = [
+        [verb] + [f"{1e6 * np.median(costs[name][verb]):.1f}" for name in shapes]
+        for verb in costs["random branches"]
+    ]
+    print_table(["verb", *shapes], rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short traces, seconds")
-    size = QUICK if parser.parse_args().quick else FULL
-    for name, prompts in traces(size).items():
-        report(name, prompts)
-    report("multi-turn chat", chat_prompts(np.random.default_rng(11), size["requests"]))
-    host_costs(100 if size is QUICK else 1000)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller workload")
+    args = parser.parse_args(argv)
+    print_machine()
+    model = Model.from_seed(TINY, 0)
+    print(
+        f"  model    {TINY.n_layers} layers, windows {TINY.windows}; reference CellCache, "
+        f"max_width {MAX_WIDTH}, max_seqs {MAX_SEQS}, {CLIENTS} clients"
+    )
+    start = time.perf_counter()
+    for workload in workloads(args.quick):
+        print_workload(workload, model)
+    print(f"\nserving: {time.perf_counter() - start:.1f} s")
+    print_host_costs(50 if args.quick else 200)
 
 
 if __name__ == "__main__":

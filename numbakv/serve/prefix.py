@@ -109,8 +109,7 @@ class PrefixCache:
         if m < node.depth:
             node = radix.split(node, m)  # the hit's end is a node: its tail can go alone
         seq = self._clone(radix.owner_below(node), m, **clone)
-        self._base(seq, node, salt)
-        radix.touch(node, self._tick())
+        self._base(seq, node, salt, self._tick())
         return seq, m
 
     def share(self, seq: int, tokens: Sequence[int], salt: str | None = None) -> None:
@@ -122,8 +121,7 @@ class PrefixCache:
         if grown is not None:
             if seq in self._live:
                 self._unbase(seq)
-            self._base(seq, grown, salt)
-            radix.touch(grown, self._tick())
+            self._base(seq, grown, salt, self._tick())
 
     def fork(self, src: int, clone: int) -> None:
         """Live `clone` was cloned from live `src` at its length: it holds the cells of the
@@ -271,10 +269,11 @@ class PrefixCache:
         self.cached_cells += len(run)  # no one is based on it yet
         return child
 
-    def _base(self, seq: int, node: Node, salt: str | None) -> None:
+    def _base(self, seq: int, node: Node, salt: str | None, clock: int | None = None) -> None:
+        """`seq` is live, based at `node` (used at `clock`, when given)."""
         self._live[seq] = (node, salt)
         node.live.add(seq)
-        self.cached_cells += radix.add_live(node, +1)
+        self.cached_cells += radix.add_live(node, +1, clock)
 
     def _unbase(self, seq: int) -> Node:
         node, _ = self._live.pop(seq)

@@ -25,7 +25,17 @@ import numpy as np
 class Node:
     """An edge of the tree: `tokens` ([k] int64) end at position `depth`."""
 
-    __slots__ = ("children", "depth", "holder", "live", "n_live", "parent", "tokens", "used")
+    __slots__ = (
+        "_tokens",
+        "children",
+        "depth",
+        "holder",
+        "live",
+        "n_live",
+        "parent",
+        "raw",
+        "used",
+    )
 
     def __init__(self, tokens: np.ndarray, depth: int, parent: "Node | None", used: int = 0):
         self.tokens = tokens
@@ -36,6 +46,15 @@ class Node:
         self.live: set[int] = set()
         self.n_live = 0
         self.used = used
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, tokens: np.ndarray) -> None:
+        self._tokens = tokens
+        self.raw = tokens.tobytes()  # its bytes: a run that matches whole is one memcmp
 
     @property
     def start(self) -> int:
@@ -83,28 +102,53 @@ def walk(node: Node, tokens: np.ndarray, limit: int) -> tuple[Node, int]:
     that node's end, or inside it when the length is below its depth. Where a node has
     copies of one run (children with the same first token), each is followed and the
     longer match wins (the more recently used on a tie)."""
+    return _walk(node, _Query(tokens), limit)
+
+
+class _Query:
+    """The tokens a walk matches, as NumPy, bytes (int64) and Python ints, made once."""
+
+    __slots__ = ("ids", "raw", "tokens")
+
+    def __init__(self, tokens: np.ndarray):
+        self.tokens, self.raw, self.ids = tokens, tokens.tobytes(), tokens.tolist()
+
+
+def _walk(node: Node, query: _Query, limit: int) -> tuple[Node, int]:
     m = node.depth
     while m < limit:
-        children = node.children.get(int(tokens[m]), ())
+        children = node.children.get(query.ids[m], ())
         if len(children) > 1:
-            ends = [_follow(child, tokens, m, limit) for child in children]
+            ends = [_follow(child, query, m, limit) for child in children]
             return max(ends, key=lambda end: (end[1], end[0].used))
         if not children:
             break
-        n = common_length(children[0].tokens, tokens, m, limit)
-        node, m = children[0], m + n
-        if n < len(node.tokens):
+        node = children[0]
+        n = _edge_match(node, query, m, limit)
+        m += n
+        if n < len(node.raw) >> 3:
             break
     return node, m
 
 
-def _follow(child: Node, tokens: np.ndarray, m: int, limit: int) -> tuple[Node, int]:
+def _follow(child: Node, query: _Query, m: int, limit: int) -> tuple[Node, int]:
     """The match going on from position `m` into `child` and, when all of it matches,
     below it."""
-    n = common_length(child.tokens, tokens, m, limit)
-    if n < len(child.tokens):
+    n = _edge_match(child, query, m, limit)
+    if n < len(child.raw) >> 3:
         return child, m + n
-    return walk(child, tokens, limit)
+    return _walk(child, query, limit)
+
+
+def _edge_match(child: Node, query: _Query, m: int, limit: int) -> int:
+    """How many leading tokens of `child` equal the query's [m:limit]: one bytes compare
+    when all of them do, NumPy's otherwise."""
+    size = len(child.raw)
+    n = min(size >> 3, limit - m)
+    edge = child.raw if n << 3 == size else child.raw[: n << 3]
+    if edge == query.raw[m << 3 : (m + n) << 3]:
+        return n
+    return common_length(child.tokens, query.tokens, m, limit)
 
 
 def split(node: Node, depth: int) -> Node:
@@ -134,17 +178,22 @@ def owner_below(node: Node) -> int:
         node = next(node.child_list())
 
 
-def add_live(node: Node, delta: int) -> int:
-    """Adds `delta` (+1, -1) live sequences at `node` to the counts of its path; returns the
-    change in the cells held by the cache alone (nodes whose count left or reached 0)."""
+def add_live(node: Node, delta: int, clock: int | None = None) -> int:
+    """Adds `delta` (+1, -1) live sequences at `node` to the counts of its path (and sets
+    its `used` to `clock`, when given); returns the change in the cells held by the cache
+    alone (nodes whose count left or reached 0)."""
     change = 0
-    for n in node.path():
+    n: Node | None = node
+    while n is not None:
         before = n.n_live
-        n.n_live += delta
-        if before == 0 and n.n_live > 0:
-            change -= len(n.tokens)
-        elif before > 0 and n.n_live == 0:
-            change += len(n.tokens)
+        n.n_live = before + delta
+        if before == 0:
+            change -= len(n.raw) >> 3
+        elif n.n_live == 0:
+            change += len(n.raw) >> 3
+        if clock is not None:
+            n.used = clock
+        n = n.parent
     return change
 
 
