@@ -12,4 +12,7 @@ requests   what the engine keeps and returns per request; the checks of a submis
 faults     the one place an observer's error is met (`Observed`, `completes`), and what
            went wrong in an engine step
 lockstep   two executors driven as one, every result checked against the second
+prefix     `PrefixCache`: prompts that share a prefix share its cells (over `radix`, the tree)
+memory     where the engine's sessions and cells come from: hits, holders, eviction
+admission  which requests hold sessions: placed by memory, batches fitted, preemption
 """

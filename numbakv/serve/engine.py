@@ -1,17 +1,20 @@
 """`Engine`: continuous batching of generation requests over a `SessionExecutor` (an
 `Executor`, a `Lockstep`).
 
-Each `step()` admits waiting requests in arrival order while sessions are free, runs the
-scheduler's next batch (decodes first, prompt chunks in the rest) and returns the tokens it
-sampled; each token also goes to its request's `on_token` and through `stream()`, and
-`generate()` steps until its requests are done. A request's `n` samples share its prompt's
-cells (forks: sample i draws with seed `seed + i`); a sample ends at a stop token (kept) or
-at `max_new_tokens`, and its session closes at once. A fault never leaves a step half-done:
+Each `step()` admits waiting requests in arrival order while sessions and cells are free
+(`admission`: preempted requests first; with a prefix cache a prompt starts from its
+longest cached prefix, `memory`), fits the scheduler's next batch into the free cells
+(evicting cached prefixes, then preempting the youngest request), runs it (decodes first,
+prompt chunks in the rest) and returns the tokens it sampled; each token also goes to its
+request's `on_token` and through `stream()`, and `generate()` steps until its requests are
+done. A request's `n` samples share its prompt's cells (forks: sample i draws with seed
+`seed + i`); a sample ends at a stop token (kept) or at `max_new_tokens`, and its session
+closes at once (the prefix cache keeps it, if any). A fault never leaves a step half-done:
 its bookkeeping ends, then the error propagates. A batch the executor failed ends its
 requests with "error", a callback that raises ends only its own request, an observer that
-raises costs no request a token. One re-entrant lock makes each call thread-safe; callbacks
-may `submit` and `cancel`. docs/contract.md §9 says how requests run, §9.1 every fault,
-refusal and thread rule.
+raises costs no request a token. One re-entrant lock makes each call thread-safe;
+callbacks may `submit` and `cancel`. docs/contract.md §9 says how requests run, §9.1 every
+fault, refusal and thread rule, §9.2 prefix reuse and scheduling by memory.
 """
 
 import threading
