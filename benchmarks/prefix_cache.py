@@ -29,8 +29,9 @@ hits read (on the trace with stand-ins for the answers, known before anything ru
 CLIENTS x the mean cells a running request holds of its own (its uncached prompt and its
 new tokens). The pool is at least the longest request.
 
-Then the host cost of `PrefixCache` itself, at 1 000 cached prefixes of 2 000 tokens, in
-two trees: random branches (each prefix branches off an earlier one at a random position:
+Then how far logits move when a prefix is computed in another batch shape (whole, or in
+two chunks), and the host cost of `PrefixCache` itself, at 1 000 cached prefixes of 2 000
+tokens, in two trees: random branches (each prefix branches off an earlier one at a random position:
 about 75 nodes deep) and one system prompt (half of every prefix shared): median µs of
 `match`, `acquire`, `insert` (of the acquired sequence, grown to 2 000 positions) and
 `evict_holder` (which brings it back to 1 000), over fresh prefixes built alike, given as
@@ -247,6 +248,33 @@ def print_host_costs(repeat: int) -> None:
     print_table(["verb", *shapes], rows)
 
 
+def print_logit_drift(model: Model, n_prompts: int, length: int = 40) -> None:
+    """How far a prefix's logits move when it is computed in another batch shape: each
+    prompt in one forward, and in two chunks split at a random point (what a request
+    reusing a prefix another computed does), relative to the row's largest |logit|."""
+    rng, worst = np.random.default_rng(1), 0.0
+    config = TINY.cache_config(capacity=4 * length, max_width=length, max_seqs=1)
+    for _ in range(n_prompts):
+        tokens = rng.integers(0, 256, length).tolist()
+        cut = int(rng.integers(1, length))
+        whole = forward_chunks(model, config, [tokens])
+        split = forward_chunks(model, config, [tokens[:cut], tokens[cut:]])
+        worst = max(worst, float(np.abs(whole - split).max() / max(1, np.abs(whole).max())))
+    print(f"\nlogits of {n_prompts} prompts of {length} tokens, whole vs in two chunks: "
+          f"they move by at most {worst:.1e} of the row's largest |logit|")  # fmt: skip
+
+
+def forward_chunks(model: Model, config, chunks: list[list[int]]) -> np.ndarray:
+    """[tokens, vocab] float32: the logits of every token, the chunks one forward each."""
+    cache = CellCache(config)
+    seq, rows = cache.seq_new(), []
+    for chunk in chunks:
+        cache.declare_step([seq] * len(chunk))
+        step = cache.prepare_step()
+        rows.append(model.forward(cache, step, chunk, list(range(len(chunk)))))
+    return np.concatenate(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller workload")
@@ -261,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     for workload in workloads(args.quick):
         print_workload(workload, model)
     print(f"\nserving: {time.perf_counter() - start:.1f} s")
+    print_logit_drift(model, 5 if args.quick else 20)
     print_host_costs(50 if args.quick else 200)
 
 
