@@ -52,16 +52,33 @@ class Admission:
             self.waiting.popleft()
 
     def place(self, r: Request) -> bool:
-        """Opens sessions for `r`'s unfinished samples (sample 0 alone when new) and queues
-        their prefills; False, with nothing changed, when there is no room."""
+        """Opens sessions for `r`'s samples and queues their prefills; True once all are
+        placed, False (nothing changed) when there is no room. A new request places sample
+        0 (its forks come at the prompt's end). A resumed one with several samples comes
+        back in two parts, so it never needs more cells than `submit` allowed: one sample
+        first, the others once that one has computed the prompt again, sharing its cells."""
+        if not r.samples:
+            if self._prefilling(r.prompt_ids, r.cache_salt):
+                return False
+            return self._open(r, [Sample(0)], r.n)
+        unplaced = [s for s in r.samples if s.finish_reason is None and s.session is None]
+        placed = [s for s in r.samples if s.finish_reason is None and s.session is not None]
+        n_sessions = len(unplaced) + r.n - len(r.samples)  # and its forks still to come
+        if not placed:
+            return self._open(r, unplaced[:1], n_sessions) and len(unplaced) == 1
+        if placed[0].n_fed < len(r.prompt):
+            return False
+        return self._open(r, unplaced, n_sessions, beside=placed[0])
+
+    def _open(
+        self, r: Request, samples: list[Sample], n_sessions: int, beside: Sample | None = None
+    ) -> bool:
+        """Opens a session for each of `samples` (sharing `beside`'s prompt, when given)
+        once `n_sessions` sessions and their cells are free or can be made so."""
         resumed = bool(r.samples)
-        samples = [s for s in r.samples if s.finish_reason is None] if resumed else [Sample(0)]
-        if not resumed and self._prefilling(r.prompt_ids, r.cache_salt):
+        if not self.sessions.room_for_sessions(n_sessions, self.reserved()):
             return False
-        n_ended = sum(s.finish_reason is not None for s in r.samples)
-        if not self.sessions.room_for_sessions(r.n - n_ended, self.reserved()):
-            return False
-        opened = [(sample, *self.sessions.open(r, sample)) for sample in samples]
+        opened = [(sample, *self.sessions.open(r, sample, beside)) for sample in samples]
         needed = sum(len(r.context(s)) - m for s, _, m in opened) + self.watermark
         if self.running and not self.sessions.room_for_cells(needed):
             for _, session, _ in opened:
@@ -114,7 +131,8 @@ class Admission:
                 sample.n_done = max(sample.n_done, sample.n_fed)
                 sample.session, sample.n_fed = None, 0
         r.n_preemptions += 1
-        self.waiting.appendleft(r)
+        if r not in self.waiting:  # a resume in two parts waits there already
+            self.waiting.appendleft(r)
         self.notes("preempt", request=r.id, seqs=seqs)
 
     def _prefilling(self, prompt: np.ndarray, salt: str | None) -> bool:

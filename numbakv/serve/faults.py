@@ -158,6 +158,18 @@ def batch_observed(observed: list[ObserverError], outputs: list) -> ObserverErro
     return error
 
 
+def call_observed(observed: list[ObserverError], result: Any) -> ObserverError:
+    """The error a call that runs several verbs raises when observers raised: the first
+    one's event and cause, with the call's own `result` as `.result` (not the verb's)."""
+    first, *others = observed
+    error = ObserverError(f"the call completed, its result is this error's .result; but {first}",
+                          first.event, result)  # fmt: skip
+    error.__cause__ = first.__cause__
+    if others:
+        error.add_note(f"numbakv: observers raised after {len(others)} more verbs of this call")
+    return error
+
+
 def note_observed(error: BaseException, observed: list[ObserverError]) -> None:
     """Notes on `error` (about to propagate) the observer errors of the call it ends."""
     if observed:

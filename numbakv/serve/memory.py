@@ -37,10 +37,17 @@ class Sessions:
     def n_evicted_cells(self) -> int:
         return self._evicted
 
-    def open(self, r: Request, sample: Sample) -> tuple[int, int]:
+    def open(self, r: Request, sample: Sample, beside: Sample | None = None) -> tuple[int, int]:
         """(a session for `sample`, the positions it already holds): a clone of its longest
-        cached prefix, else an empty session; its generator as after its sampled tokens."""
+        cached prefix, else an empty session; its generator as after its sampled tokens.
+        `beside`: a running sample of `r` that has computed the prompt, whose prompt cells
+        it shares (through the prefix cache's hit, which then holds them)."""
         sampling, drawn = r.sampling_of(sample), len(sample.tokens)
+        if beside is not None and self.prefix is None:
+            upto = len(r.prompt)
+            return self.executor.clone(beside.session, upto, sampling, drawn), upto
+        if beside is not None:
+            self.shared(r, beside.session)
         if self.prefix is not None:
             tokens = r.context_ids(sample)
             session, m = self.prefix.acquire(tokens, r.cache_salt, sampling=sampling, drawn=drawn)

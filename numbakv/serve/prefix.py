@@ -34,7 +34,7 @@ import numpy as np
 from numbakv.checks import as_int, int_at_least, short_repr
 from numbakv.errors import ConfigError, SequenceError
 from numbakv.serve import radix
-from numbakv.serve.faults import Observed, completes
+from numbakv.serve.faults import Observed, call_observed, completes
 from numbakv.serve.radix import Node
 
 CACHE_VERBS = ("seq_clone", "rewind", "seq_rm", "pos")
@@ -93,7 +93,7 @@ class PrefixCache:
 
     # -- live sequences --------------------------------------------------------
 
-    @completes
+    @completes(raising=call_observed)
     def acquire(self, tokens: Sequence[int], salt: str | None = None, **clone) -> tuple:
         """(a new live sequence holding the first m positions of `tokens`, m): a clone of a
         sequence that holds them, for the longest cached prefix under `salt` (at most
@@ -116,8 +116,10 @@ class PrefixCache:
         """Lets later lookups hit live `seq`'s first len(tokens) positions (`tokens`) while
         it runs (a prompt once it is computed); `seq` stays the caller's."""
         seq, tokens = self._check_seq(seq, tokens, whole=False)
+        if seq in self._live and self._live[seq][0].depth >= len(tokens):
+            return  # the tree holds them already, and seq is based there
         node, salt = self._based(seq, salt, tokens)
-        grown = self._grow(node, tokens)
+        grown = self._grow(node, tokens, copy=True)
         if grown is not None:
             if seq in self._live:
                 self._unbase(seq)
@@ -130,10 +132,13 @@ class PrefixCache:
         clone = as_int("clone", clone, SequenceError)
         if clone in self._live or clone in self._held:
             raise SequenceError(f"sequence {clone} is already known to the prefix cache")
+        if src in self._held:
+            raise SequenceError(f"sequence {src} is a holder; acquire() a clone of it instead")
+        self._pos(clone)  # refused unless the target holds it
         if src in self._live:  # else src holds none of the tree's cells, nor does clone
             self._base(clone, *self._live[src])
 
-    @completes
+    @completes(raising=call_observed)
     def insert(self, seq: int, tokens: Sequence[int], salt: str | None = None) -> None:
         """Keeps `seq`, whose positions are `tokens` (live, or one the cache never saw): its
         tokens become hits; when the tree already has them all, `seq` is removed instead."""
@@ -153,12 +158,13 @@ class PrefixCache:
                     self._let_go(above)
         self._bound()
 
-    @completes
+    @completes(raising=call_observed)
     def close(self, seq: int) -> None:
         """Removes live `seq` (or one the cache never saw) without keeping it."""
         seq = as_int("seq", seq, SequenceError)
         if seq in self._held:
             raise SequenceError(f"sequence {seq} is a holder of the prefix cache; drop() it")
+        self._pos(seq)  # refused unless the target holds it, before anything changes
         if seq in self._live:
             node = self._unbase(seq)
             self._prune(node)
@@ -167,7 +173,7 @@ class PrefixCache:
 
     # -- giving cells back -----------------------------------------------------
 
-    @completes
+    @completes(raising=call_observed)
     def evict(self, n_cells: int) -> int:
         """Gives back at least `n_cells` cells held by the cache alone, least recently used
         and tail first, or all it can; returns how many it gave back."""
@@ -181,7 +187,7 @@ class PrefixCache:
         self.n_evicted_cells += freed
         return freed
 
-    @completes
+    @completes(raising=call_observed)
     def evict_holder(self) -> int | None:
         """Removes the least recently used holder, giving back its sequence id (and the
         cells only it held); returns the id, or None when the cache holds none."""
@@ -191,7 +197,7 @@ class PrefixCache:
         seq = self._let_go(node)
         return seq
 
-    @completes
+    @completes(raising=call_observed)
     def drop(self) -> int:
         """Removes every holder: what live sequences hold stays. Returns the cells freed."""
         before = self.n_cells
@@ -257,12 +263,15 @@ class PrefixCache:
             self._roots[salt] = Node(np.zeros(0, np.int64), 0, None)
         return self._roots[salt], salt
 
-    def _grow(self, node: Node, tokens: np.ndarray) -> Node | None:
+    def _grow(self, node: Node, tokens: np.ndarray, copy: bool = False) -> Node | None:
         """A new node under `node` for tokens[node.depth:], the caller's own cells; None
-        when the tree holds all of them already (another copy, or nothing left)."""
+        when nothing is left, or (unless `copy`: a live sequence's, which its forks will
+        share) when the tree holds all of them already in another copy."""
         run = tokens[node.depth :]
-        if not len(run) or radix.walk(node, tokens, len(tokens))[1] == len(tokens):
-            return None  # nothing left, or all of it below `node`: another copy
+        if not len(run):
+            return None
+        if not copy and radix.walk(node, tokens, len(tokens))[1] == len(tokens):
+            return None
         child = Node(run.copy(), len(tokens), node)
         node.adopt(child)
         self.n_cells += len(run)
@@ -354,6 +363,8 @@ def _as_tokens(tokens, empty: bool = False) -> np.ndarray:
     array = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     if array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
         raise ConfigError(f"tokens must be a 1-d list of token ids, got {short_repr(tokens)}")
+    if array.dtype.kind == "u" and len(array) and array.max() > np.iinfo(np.int64).max:
+        raise ConfigError(f"token ids must fit int64, got {short_repr(tokens)}")
     if not len(array) and not empty:
         raise ConfigError("tokens must hold at least one token id, got none")
     return array.astype(np.int64, copy=False)

@@ -7,7 +7,7 @@ import pytest
 
 import numbakv
 from examples.paged_cache import PagedCache
-from numbakv.errors import CapacityError, ConfigError
+from numbakv.errors import CapacityError, ConfigError, ObserverError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
@@ -250,3 +250,41 @@ def test_drop_with_requests_running_releases_only_what_they_do_not_hold():
     while e.is_busy:
         e.step()
     assert e.result(running).metrics.n_cached_tokens == len(STEM)
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_a_preempted_request_of_n_samples_resumes_within_submits_bound(prefix):
+    """Its samples come back one, then the others sharing the prompt it computed again:
+    resumed apart, three copies of the prompt would not fit the pool `submit` allowed."""
+    config = MODEL.config.cache_config(capacity=24, max_width=8, max_seqs=6)
+    executor = Executor(MODEL, CellCache(config), 4, 24, oversubscribe=True)
+    e = Engine(executor, prefix_cache=PrefixCache(executor) if prefix else None)
+    a = e.submit(list(range(10)), max_new_tokens=12)  # 10 + 11 = 21 cells
+    b = e.submit(list(range(50, 58)), max_new_tokens=5, n=3)  # 8 + 3 x 4 = 20 cells
+    while e.is_busy:
+        e.step()
+    assert e.metrics.n_preemptions > 0
+    assert e.result(a).finish_reasons == ["length"] and e.result(b).finish_reasons == ["length"] * 3
+    alone = engine(capacity=400).generate([list(range(50, 58))], max_new_tokens=5, n=3)[0]
+    assert e.result(b).tokens == alone.tokens
+
+
+def test_an_observer_raising_on_a_hit_costs_nothing():
+    e = engine()
+    e.generate([[1, 2, 3, 4, 5, 6]], max_new_tokens=2)
+
+    def observer(cache, verb, step):
+        if verb == "seq_clone":
+            raise RuntimeError("an observer's bug")
+
+    e.executor.cache.add_observer(observer)
+    request = e.submit([1, 2, 3, 4, 5, 9], max_new_tokens=2)
+    with pytest.raises(ObserverError):
+        e.step()
+    e.executor.cache.remove_observer(observer)
+    while e.is_busy:
+        e.step()
+    assert e.result(request).metrics.n_cached_tokens == 5
+    assert e.result(request).finish_reasons == ["length"]
+    e.drop_prefix_cache()
+    assert e.executor.cache.used_cells == 0 and e.executor.sessions == []

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import numbakv
 from examples.paged_cache import PagedCache
-from numbakv.errors import ConfigError, SequenceError
+from numbakv.errors import ConfigError, ObserverError, SequenceError
 from numbakv.reference import CellCache
 from numbakv.serve.prefix import PrefixCache
 
@@ -140,13 +140,25 @@ def test_refusals_name_the_value_and_change_nothing():
         prefix.insert(other, [1])
     with pytest.raises(SequenceError, match="is a holder"):
         prefix.close(seq)
+    with pytest.raises(SequenceError, match="is a holder; acquire"):
+        prefix.fork(seq, other)
+    with pytest.raises(SequenceError, match="not live"):
+        prefix.fork(other, 50)  # no such sequence
+    with pytest.raises(SequenceError, match="not live"):
+        prefix.close(50)
+    with pytest.raises(ConfigError, match="fit int64"):
+        prefix.match(np.array([2**63 + 5], np.uint64))
     cache.seq_rm(other)
     assert (
-        cache.snapshot(),
-        prefix.holders,
-        prefix.n_cells,
-        prefix.match([1, 2, 3, 4, 5]),
-    ) == before
+        prefix.live == []
+        and (
+            cache.snapshot(),
+            prefix.holders,
+            prefix.n_cells,
+            prefix.match([1, 2, 3, 4, 5]),
+        )
+        == before
+    )
     for bad in (-1, 2.5, "10", True):
         with pytest.raises(ConfigError, match="max_cells"):
             PrefixCache(cache, max_cells=bad)
@@ -221,3 +233,19 @@ class PrefixMachine(RuleBasedStateMachine):
 
 PrefixMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
 test_prefix_cache_against_the_oracle = PrefixMachine.TestCase
+
+
+def test_an_observers_error_carries_the_calls_result():
+    cache = CellCache(CONFIG)
+    prefix = PrefixCache(cache)
+    run(cache, prefix, [1, 2, 3, 4])
+
+    def observer(cache, verb, step):
+        if verb == "seq_clone":
+            raise RuntimeError("an observer's bug")
+
+    cache.add_observer(observer)
+    with pytest.raises(ObserverError) as raised:
+        prefix.acquire([1, 2, 3, 9])
+    seq, m = raised.value.result
+    assert m == 3 and cache.pos(seq) == 3 and prefix.live == [seq]
