@@ -57,7 +57,7 @@ class Sessions:
         return self.executor.open_session(sampling, drawn), 0
 
     def shared(self, r: Request, session: int) -> None:
-        """`session` (sample 0 of `r`) has computed the whole prompt: later prompts may hit it."""
+        """`session` (of `r`) has computed the whole prompt: later prompts may hit it."""
         if self.prefix is not None:
             self.prefix.share(session, r.prompt_ids, r.cache_salt)
             self.notes("insert", request=r.id, seq=session, tokens=len(r.prompt), held=False)
