@@ -173,12 +173,11 @@ class Engine:
     def metrics(self) -> EngineMetrics:
         """Steps so far, how the executor's forwards ran (`ForwardCounts`, or None), the
         requests' token counts summed, and what the prefix cache evicted and holds."""
-        sums = [0, 0, 0, 0]
-        for r in self._requests.values():
-            m = r.completion().metrics
-            counts = (m.n_prompt_tokens, m.n_cached_tokens, m.n_recomputed_tokens)
-            for i, value in enumerate((*counts, m.n_preemptions)):
-                sums[i] += value
+        requests = self._requests.values()
+        sums = (
+            sum(len(r.prompt) for r in requests), sum(r.n_cached_tokens for r in requests),
+            sum(r.n_recomputed_tokens for r in requests), sum(r.n_preemptions for r in requests),
+        )  # fmt: skip
         forwards = getattr(self.executor, "forward_counts", None)
         cells = (self._sessions.n_evicted_cells, self._sessions.cached_cells)
         return EngineMetrics(self.n_steps, forwards, *sums, *cells)

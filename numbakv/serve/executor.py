@@ -228,7 +228,7 @@ class Executor:
         drawn = int_at_least("drawn", drawn, 0)
         self._check_room()
         sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
-        return self._opened(self._cache.seq_clone(session, upto), sampling, drawn)
+        return self._clone(session, upto, sampling, drawn)
 
     @locked
     @completes
@@ -366,10 +366,10 @@ class Executor:
             )
         return end
 
-    def _clone(self, session: int, upto: int | None, sampling: Sampling) -> int:
+    def _clone(self, session: int, upto: int | None, sampling: Sampling, drawn: int = 0) -> int:
         """A new session sharing open `session`'s first `upto` positions, sampling with
-        `sampling`; the room for it was checked."""
-        return self._opened(self._cache.seq_clone(session, upto), sampling)
+        `sampling` as after `drawn` tokens; the room for it was checked."""
+        return self._opened(self._cache.seq_clone(session, upto), sampling, drawn)
 
     def _opened(self, session: int, sampling: Sampling, drawn: int = 0) -> int:
         self._sampling[session] = sampling

@@ -192,10 +192,7 @@ class PrefixCache:
         """Removes the least recently used holder, giving back its sequence id (and the
         cells only it held); returns the id, or None when the cache holds none."""
         node = self._coldest(lambda node: True)
-        if node is None:
-            return None
-        seq = self._let_go(node)
-        return seq
+        return None if node is None else self._let_go(node)
 
     @completes(raising=call_observed)
     def drop(self) -> int:
