@@ -15,7 +15,7 @@ import numpy as np
 
 from numbakv.snapshot import FREE, Snapshot, owner_codes
 from numbakv.trace import Trace
-from numbakv.trace.scan import change_codes, change_frames
+from numbakv.trace.scan import change_codes, change_frames, id_words, last_of
 
 CACHED = -4  # the code (and pixel label) of a cell every owner of which is a holder
 REBINDING = ("admit", "fork", "hit", "resume", "insert")  # insert: with held=False only
@@ -37,15 +37,6 @@ def holder_table(trace: Trace) -> np.ndarray:
     return table
 
 
-def holder_words(holders: np.ndarray) -> np.ndarray:
-    """[..., ceil(max_seqs / 64)] uint64 owner bitsets of `holders` ([..., max_seqs] bool)."""
-    n_words = -(-holders.shape[-1] // 64)
-    padded = np.zeros((*holders.shape[:-1], 64 * n_words), dtype=bool)
-    padded[..., : holders.shape[-1]] = holders
-    packed = np.packbits(padded, axis=-1, bitorder="little")  # 8 bytes a word, low bit first
-    return packed.view("<u8").astype(np.uint64)
-
-
 def visible_codes(owners: np.ndarray, held: np.ndarray) -> np.ndarray:
     """[n] int32 codes of cells with owner bitsets `owners` ([n, words] uint64) when the
     holders are `held` (bitsets [words] or [n, words]): the single running owner's id,
@@ -57,7 +48,7 @@ def visible_codes(owners: np.ndarray, held: np.ndarray) -> np.ndarray:
 
 def table_codes(snapshot: Snapshot, holders: np.ndarray) -> np.ndarray:
     """[read_len] int32 visible codes of one table, `holders` [max_seqs] bool its holders."""
-    return visible_codes(snapshot.owners, holder_words(holders))
+    return visible_codes(snapshot.owners, id_words(holders))
 
 
 def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:
@@ -77,7 +68,7 @@ def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:
         keys = ("events", "delta_offsets", "delta_cells")
         return {**{key: a[key] for key in keys}, "codes": change_codes(a)}
     flips = np.flatnonzero((holders[1:] != holders[:-1]).any(axis=1)) + 1
-    words, frames = holder_words(holders), change_frames(a)
+    words, frames = id_words(holders), change_frames(a)
     codes = visible_codes(a["delta_owners"], words[frames])
     offsets, cells = a["delta_offsets"], a["delta_cells"]
     owners = np.zeros((int(a["read_len"].max(initial=0)), words.shape[1]), dtype=np.uint64)
@@ -105,8 +96,7 @@ def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:
 
 def _assign(owners: np.ndarray, cells: np.ndarray, new: np.ndarray) -> None:
     """owners[cells] = new, a cell changed more than once taking its last change."""
-    _, first = np.unique(cells[::-1], return_index=True)
-    last = len(cells) - 1 - first
+    last = last_of(cells)
     owners[cells[last]] = new[last]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
-from numbakv.trace.scan import change_frames
+from numbakv.trace.scan import change_frames, id_words
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
@@ -196,10 +196,8 @@ def _check_owners_live(a: dict[str, np.ndarray], h: _History) -> None:
 def _dead_during(live: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """[n, words] uint64: the ids not live at some frame of [start[i], end[i]) (end > start),
     by range-OR over a sparse table of each frame's dead ids (log2 n_frames levels)."""
-    n_frames, max_seqs = live.shape
-    padded = np.zeros((n_frames, -(-max_seqs // 64) * 64), dtype=bool)
-    padded[:, :max_seqs] = ~live
-    levels = [np.packbits(padded, axis=1, bitorder="little").view(np.uint64)]
+    n_frames = len(live)
+    levels = [id_words(~live)]
     while 2 ** len(levels) <= n_frames:
         half, prev = 2 ** (len(levels) - 1), levels[-1]
         levels.append(prev[: len(prev) - half] | prev[half:])  # frames [i, i + 2 half)

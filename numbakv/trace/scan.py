@@ -60,9 +60,21 @@ def used_and_held(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray
 
 def last_changes(arrays: dict[str, np.ndarray], frame: int) -> np.ndarray:
     """int64 indices of each changed cell's last change up to and including `frame`."""
-    cells = arrays["delta_cells"][: arrays["delta_offsets"][frame + 1]][::-1]
-    _, first = np.unique(cells, return_index=True)  # first in reverse: the last change
+    return last_of(arrays["delta_cells"][: arrays["delta_offsets"][frame + 1]])
+
+
+def last_of(cells: np.ndarray) -> np.ndarray:
+    """int64 indices of each distinct value's last occurrence in `cells`, by value."""
+    _, first = np.unique(cells[::-1], return_index=True)  # first in reverse: the last
     return len(cells) - 1 - first
+
+
+def id_words(flags: np.ndarray) -> np.ndarray:
+    """[..., ceil(max_seqs / 64)] uint64 bitsets of the ids `flags` ([..., max_seqs] bool)
+    marks, id i at bit i % 64 of word i // 64: the owner bitsets' layout."""
+    padded = np.zeros((*flags.shape[:-1], -(-flags.shape[-1] // 64) * 64), dtype=bool)
+    padded[..., : flags.shape[-1]] = flags
+    return np.packbits(padded, axis=-1, bitorder="little").view(np.uint64)
 
 
 def replay_codes(
