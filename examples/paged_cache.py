@@ -12,11 +12,11 @@ numbakv user would write one, that answers `numbakv.testing.protocol.CacheUnderT
   last one (copy-on-write); a `rewind` ending inside a shared page copies it too. So a
   shared page is always full, and a sequence writes only into pages it alone holds.
 - Capacity is counted the reference's way, not in pages: `used_cells` counts positions
-  held, a position shared by clones (or copied on a fork) once, and a declaration needs a
-  free cell per token, so this cache refuses exactly where the reference does. The pool
-  starts at ceil(capacity / block_size) + max_seqs pages and doubles should copies need
-  more (random workloads never made them).
-- Planted bugs (`BUGS`), off by default: `PagedCache(config, bugs={"gqa_mapping"})`.
+  held, one shared by clones (or copied on a fork) once, and a declaration needs a free
+  cell per token, so this cache refuses where the reference does. The pool starts at
+  ceil(initial_cells / block_size) pages and doubles when a step or a copy needs more.
+- Planted bugs (`BUGS`), off by default: `PagedCache(config, bugs={"gqa_mapping"})`; each
+  is a bug class that block-table caches have shipped.
 
 Held to the contract by `numbakv.testing` (tests/testing/test_kit_on_the_paged_example.py):
 
@@ -39,6 +39,12 @@ BUGS = {
     "clone_one_too_many": "seq_clone(src, upto) shares position upto as well",
     "padding_nonzero": "padding rows of attend give q instead of 0",
     "gqa_mapping": "query head h reads KV head h % n_kv_heads",
+    "rewind_to_zero_noop": "rewind(seq, 0) reads 0 as 'to the end' and drops nothing",
+    "refcount_leak_on_remove": "seq_rm keeps its hold on the pages it shares, and their cells",
+    "stale_table_after_growth": "a step that grew the pool writes its old pages to the old K/V",
+    "reused_id_inherits": "seq_rm leaves the block table: the id's next user reads its pages",
+    "window_off_by_one_at_edge": "the token at p = W - 1 (window W > 1) drops position 0",
+    "decl_survives_rm": "a successful seq_clone, seq_rm, rewind or clear keeps the declaration",
 }
 
 
@@ -51,8 +57,7 @@ class PagePool:
 
     def __init__(self, config: CacheConfig, block_size: int, n_pages: int):
         shape = (config.n_layers, n_pages, block_size, config.n_kv_heads, config.head_dim)
-        self.k = np.zeros(shape, dtype=config.storage_dtype)
-        self.v = np.zeros(shape, dtype=config.storage_dtype)
+        self.k, self.v = np.zeros((2, *shape), dtype=config.storage_dtype)
         self.refs = np.zeros(n_pages, dtype=np.int32)
 
     def alloc(self) -> int:
@@ -60,8 +65,7 @@ class PagePool:
         free = np.flatnonzero(self.refs == 0)
         if len(free) == 0:
             free = [len(self.refs)]
-            grown = (np.concatenate([x, np.zeros_like(x)], axis=1) for x in (self.k, self.v))
-            self.k, self.v = grown
+            self.k, self.v = (np.concatenate([x, np.zeros_like(x)], 1) for x in (self.k, self.v))
             self.refs = np.concatenate([self.refs, np.zeros_like(self.refs)])
         page = int(free[0])
         self.refs[page] = 1
@@ -114,8 +118,7 @@ class PagedStep:
     """
 
     def __init__(self, **arrays: np.ndarray):
-        self._arrays = arrays
-        self.is_stale = False
+        self._arrays, self.is_stale = arrays, False
 
     def _get(self, name: str) -> np.ndarray:
         if self.is_stale:
@@ -147,13 +150,12 @@ class PagedCache:
             raise ConfigError(f"expected a CacheConfig, got {config!r}")
         if config.dtype not in ("float32", "float16"):
             raise ConfigError(f"dtype={config.dtype!r}: this example stores float32 or float16")
-        unknown = set(bugs) - set(BUGS)
-        if unknown:
+        if unknown := set(bugs) - set(BUGS):
             raise ConfigError(f"unknown bugs {sorted(unknown)}; known: {sorted(BUGS)}")
         self.config = config
         self.block_size = int_at_least("block_size", block_size, 1)
         self.bugs = frozenset(bugs)
-        self._step: PagedStep | None = None
+        self._step, self._declared = None, None  # the last PagedStep, the declared ids
         self.clear()
 
     # -- verbs -----------------------------------------------------------------
@@ -167,20 +169,19 @@ class PagedCache:
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s positions [0, upto) (default all of them)."""
         src = checks.check_live(src, self._live)
-        n = self._lens[src]
+        n = len(self._cells[src])
         upto = n if upto is None else checks.check_position("upto", upto, n, src)
         seq = self._free_id()
         if "clone_one_too_many" in self.bugs:
             upto = min(upto + 1, n)
         full, rest = divmod(upto, self.block_size)
+        if rest and "shared_partial_block" in self.bugs:  # shared as though it were full
+            full, rest = full + 1, 0
         table = self._tables[src][:full]
         self._pool.share(table)
-        if rest and "shared_partial_block" in self.bugs:
-            table.append(self._tables[src][full])
-            self._pool.share(table[-1:])
-        elif rest:  # copy-on-write: the clone writes its next position into its own page
+        if rest:  # copy-on-write: the clone writes its next position into its own page
             table.append(self._pool.copy(self._tables[src][full], rest))
-        self._tables[seq], self._lens[seq] = table, upto
+        self._tables[seq] = table
         self._cells[seq] = self._cells[src][:upto]
         self._held.update(self._cells[seq])
         self._live[seq] = True
@@ -190,45 +191,50 @@ class PagedCache:
     def seq_rm(self, seq: int) -> None:
         """Frees `seq`'s id, its pages no other table holds, and its cells no clone holds."""
         seq = checks.check_live(seq, self._live)
+        table = self._tables[seq][:]
+        if "refcount_leak_on_remove" in self.bugs:  # never lets go of what it shares
+            shared = [page for page in table if self._pool.refs[page] > 1]  # a prefix
+            self._pool.share(shared)
+            self._held.update(self._cells[seq][: len(shared) * self.block_size])
         self._truncate(seq, 0)
+        if "reused_id_inherits" in self.bugs:
+            self._tables[seq] = table
         self._live[seq] = False
         self._changed()
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
         seq = checks.check_live(seq, self._live)
-        n = self._lens[seq]
+        n = len(self._cells[seq])
         position = checks.check_position("position", position, n, seq)
         if "rewind_keeps_one" in self.bugs:
             position = min(position + 1, n)
+        if "rewind_to_zero_noop" in self.bugs and position == 0:
+            position = n
         self._truncate(seq, position)
         table, rest = self._tables[seq], position % self.block_size
         if rest and self._pool.refs[table[-1]] > 1:  # a partial page is never shared
-            shared = table[-1]
-            table[-1] = self._pool.copy(shared, rest)
-            self._pool.release([shared])
+            self._pool.release(table[-1:])  # the others still hold it: no alloc() takes it
+            table[-1] = self._pool.copy(table[-1], rest)
         self._changed()
 
     def clear(self) -> None:
         """Every id, page and cell free; the step and any declaration dropped."""
         config = self.config
-        n_pages = -(-config.capacity // self.block_size) + config.max_seqs
+        n_pages = -(-config.initial_cells // self.block_size)  # doubles as steps need more
         self._pool = PagePool(config, self.block_size, n_pages)
         self._live = np.zeros(config.max_seqs, dtype=bool)
         self._tables: list[list[int]] = [[] for _ in range(config.max_seqs)]
-        self._lens = [0] * config.max_seqs
         self._cells: list[list[int]] = [[] for _ in range(config.max_seqs)]
-        self._held: Counter[int] = Counter()  # logical cell -> sequences that hold it
-        self._next_cell = 0
+        self._held, self._next_cell = Counter(), 0  # logical cell -> sequences holding it
         self._changed()
 
     # -- the step --------------------------------------------------------------
 
     def declare_step(self, seq_ids) -> None:
-        """Records the next step's tokens, one live id per token. Checked in the contract's
-        order: not a list, tuple, range or 1-d array (StepError); the first id not live
-        (SequenceError); a count outside [1, max_width] (StepError); more tokens than free
-        cells, a sequence past max_seq_len (CapacityError)."""
+        """Records the next step's tokens, one live id per token, checked in the contract's
+        order: not a list, tuple, range or 1-d array, the first id not live, a count outside
+        [1, max_width], more tokens than free cells, a sequence past max_seq_len."""
         is_array = isinstance(seq_ids, np.ndarray) and seq_ids.ndim == 1
         if not (is_array or isinstance(seq_ids, list | tuple | range)):
             raise StepError(f"declare_step takes a list or 1-d array of ids, not {seq_ids!r}")
@@ -236,14 +242,12 @@ class PagedCache:
         if not 1 <= len(ids) <= self.config.max_width:
             raise StepError(f"a step declares 1 to {self.config.max_width} tokens, not {len(ids)}")
         if len(ids) > self.free_cells:
-            raise CapacityError(
-                f"{len(ids)} tokens declared, {self.free_cells} cells free; seq_rm() or rewind()"
-            )
+            raise CapacityError(f"{len(ids)} tokens, {self.free_cells} cells free; seq_rm() one")
         for seq, count in Counter(ids).items():
-            if self._lens[seq] + count > self.config.max_seq_len:
+            if len(self._cells[seq]) + count > self.config.max_seq_len:
                 raise CapacityError(f"sequence {seq} would pass max_seq_len; rewind() it")
+        self._changed()  # the last step is stale; a pending declaration replaced
         self._declared = np.array(ids, dtype=np.int32)
-        self._expire()
 
     def prepare_step(self, width: int | None = None) -> PagedStep:
         """Places the declared tokens: each gets its sequence's next position and a slot
@@ -253,20 +257,20 @@ class PagedCache:
             raise StepError("prepare_step() with nothing declared; call declare_step() first")
         seq_ids = self._declared
         width = checks.check_width(width, len(seq_ids), self.config.max_width)
-        rows = np.full((3, width), -1, dtype=np.int32)  # positions, pages, offsets
+        rows = np.full((4, width), -1, dtype=np.int32)  # positions, ids, pages, offsets
+        n_pages = self.n_pages
         for t, seq in enumerate(seq_ids.tolist()):
-            p = self._lens[seq]
+            p = len(self._cells[seq])
             if p % self.block_size == 0:
                 self._tables[seq].append(self._pool.alloc())
-            rows[:, t] = p, self._tables[seq][-1], p % self.block_size
-            self._lens[seq] += 1
+            rows[:, t] = p, seq, self._tables[seq][-1], p % self.block_size
             self._cells[seq].append(self._next_cell)
             self._held[self._next_cell] = 1
             self._next_cell += 1
-        padded = np.full(width, -1, dtype=np.int32)
-        padded[: len(seq_ids)] = seq_ids
-        self._changed()  # the declaration is used; an earlier step is stale
-        self._step = PagedStep(positions=rows[0], seq_ids=padded, pages=rows[1], offsets=rows[2])
+        self._changed(consumed=True)  # an earlier step is stale
+        grown = "stale_table_after_growth" in self.bugs and self.n_pages > n_pages
+        self._lost = n_pages if grown else 0  # writes to pages below it go to the old K/V
+        self._step = PagedStep(positions=rows[0], seq_ids=rows[1], pages=rows[2], offsets=rows[3])
         return self._step
 
     def write(self, layer: int, k, v) -> None:
@@ -277,7 +281,7 @@ class PagedCache:
         k, v = checks.host_floats("k", k), checks.host_floats("v", v)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
         checks.check_shape("k", k.shape, shape), checks.check_shape("v", v.shape, shape)
-        real, dtype = step.seq_ids >= 0, self.config.storage_dtype
+        real, dtype = (step.seq_ids >= 0) & (step.pages >= self._lost), self.config.storage_dtype
         slots = layer, step.pages[real], step.offsets[real]
         self._pool.k[slots] = np.asarray(k[real], dtype=np.float32).astype(dtype)
         self._pool.v[slots] = np.asarray(v[real], dtype=np.float32).astype(dtype)
@@ -299,25 +303,23 @@ class PagedCache:
         checks.check_mode(mode)
         if layer not in self._written:
             raise StepError(f"attend({layer}) before write({layer}) in this step")
-        q = checks.host_floats("q", q)
+        q = checks.host_floats("q", q).astype(np.float32)
         n_heads = checks.check_query(q.shape, step.width, self.config)
         scale = checks.check_scale(scale, self.config.head_dim)
-        q = q.astype(np.float32)
         n_kv, window = self.config.n_kv_heads, self.config.windows[layer]
-        if "gqa_mapping" in self.bugs:
-            kv_head = np.arange(n_heads) % n_kv
-        else:
-            kv_head = np.arange(n_heads) // (n_heads // n_kv)
+        heads = np.arange(n_heads)
+        kv_head = heads % n_kv if "gqa_mapping" in self.bugs else heads // (n_heads // n_kv)
         seen = window + ("window_off_by_one" in self.bugs)
         out = np.zeros(q.shape, dtype=np.float32)
         k_pages, v_pages = self._pool.k[layer], self._pool.v[layer]
-        positions = step.positions.tolist()
-        for t, seq in enumerate(step.seq_ids.tolist()):
-            p = positions[t]
+        ids, positions = step.seq_ids.tolist(), step.positions.tolist()
+        for t, (seq, p) in enumerate(zip(ids, positions, strict=True)):
             if seq < 0:  # padding
                 out[t] = q[t] if "padding_nonzero" in self.bugs else 0
                 continue
             first = max(0, p - seen + 1) if window else 0
+            if "window_off_by_one_at_edge" in self.bugs and p + 1 == window > 1:
+                first = 1
             table, seen_positions = np.asarray(self._tables[seq]), np.arange(first, p + 1)
             out[t] = paged_attend(q[t], k_pages, v_pages, table, seen_positions, kv_head, scale)
         return out
@@ -326,7 +328,7 @@ class PagedCache:
 
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position its next token gets."""
-        return self._lens[checks.check_live(seq, self._live)]
+        return len(self._cells[checks.check_live(seq, self._live)])
 
     @property
     def live_seqs(self) -> list[int]:
@@ -357,12 +359,14 @@ class PagedCache:
         that no other table holds."""
         held = Counter(page for table in self._tables for page in table)
         counted = Counter({page: int(n) for page, n in enumerate(self._pool.refs) if n})
-        _require(held == counted, f"page counts {dict(counted)}, tables hold {dict(held)}")
+        if held != counted:
+            raise AssertionError(f"paged cache: refs {dict(counted)}, tables hold {dict(held)}")
         for seq in self.live_seqs:
-            table, n = self._tables[seq], self._lens[seq]
-            _require(len(table) == -(-n // self.block_size), f"sequence {seq}: {len(table)} pages")
-            shared = n % self.block_size and held[table[-1]] > 1
-            _require(not shared, f"sequence {seq} shares its partial last page")
+            table, n = self._tables[seq], len(self._cells[seq])
+            if len(table) != -(-n // self.block_size):
+                raise AssertionError(f"paged cache: sequence {seq} has {len(table)} pages for {n}")
+            if n % self.block_size and held[table[-1]] > 1:
+                raise AssertionError(f"paged cache: sequence {seq} shares its partial last page")
 
     def _free_id(self) -> int:
         free = np.flatnonzero(~self._live)
@@ -379,23 +383,17 @@ class PagedCache:
         self._held.subtract(self._cells[seq][position:])
         self._held = +self._held  # forget cells no sequence holds
         del self._cells[seq][position:]
-        self._lens[seq] = position
 
     def _current_step(self) -> PagedStep:
         if self._step is None:
             raise StepError("no prepared step; call declare_step() and prepare_step() first")
         return self._step
 
-    def _expire(self) -> None:
+    def _changed(self, consumed: bool = False) -> None:
+        """A verb changed the table or the declaration: the last step is stale, the
+        declaration dropped (consumed by prepare_step)."""
+        if consumed or "decl_survives_rm" not in self.bugs:
+            self._declared = None
         if self._step is not None:
             self._step.is_stale = True
         self._step, self._written = None, set()
-
-    def _changed(self) -> None:  # a verb changed the table: the step stale, no declaration
-        self._declared = None
-        self._expire()
-
-
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise AssertionError(f"paged cache invariant broken: {what}")

@@ -3,10 +3,11 @@
 Exit codes: 0 done; 2 a usage error (a bad option value, a missing input, an output in a
 folder that does not exist or with an extension matplotlib cannot write, a factory that
 cannot be imported), found before the work starts (for `--step` and `--window`, once the
-trace is read; for `replay`, a damaged op log); 1 a failure (a damaged trace, the device
-disagreeing with the reference, an output that could not be written, a replayed cache
-diverging from the reference: then the shrunk op script is printed on stdout). Every error
-is one line on stderr naming the bad argument or file.
+trace is read; for `replay`, a damaged or hostile op log, a factory that raises or makes
+no cache); 1 a failure (a damaged trace, the device disagreeing with the reference, an
+output that could not be written, a replayed cache diverging from the reference or
+crashing: then the shrunk op script is printed on stdout). Every error is one line on
+stderr naming the bad argument or file.
 
     args    what the commands share: argparse types over `numbakv.checks`, one-line errors
     demo    `numbakv demo`: the serving workload on the device, checked against the reference

@@ -27,27 +27,35 @@ from numbakv.testing.attention import (
     attention_cases,
     check_attention,
 )
-from numbakv.testing.check import DEFAULT_CONFIGS, check_cache, decode
+from numbakv.testing.check import DEFAULT_CONFIGS, check_cache
+from numbakv.testing.coverage import Coverage
 from numbakv.testing.from_trace import trace_ops
+from numbakv.testing.hazards import HAZARDS
 from numbakv.testing.oplog import OpLog, load_ops
 from numbakv.testing.ops import Divergence, Op, Runner, run_script, script
 from numbakv.testing.protocol import LAYOUT_FIELDS, SEMANTIC_FIELDS, CacheUnderTest, StepLike
+from numbakv.testing.refusals import REFUSALS
 from numbakv.testing.replay import replay, shrink_ops
+from numbakv.testing.workloads import Swarm, decode
 
 __all__ = [
     "DEFAULT_CONFIGS",
+    "HAZARDS",
     "LAYOUT_FIELDS",
+    "REFUSALS",
     "SEMANTIC_FIELDS",
     "AttentionCase",
     "AttentionCheckResult",
     "CacheUnderTest",
     "CellsInputs",
+    "Coverage",
     "Divergence",
     "Op",
     "OpLog",
     "PagedInputs",
     "Runner",
     "StepLike",
+    "Swarm",
     "attention_cases",
     "check_attention",
     "check_cache",

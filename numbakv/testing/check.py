@@ -1,150 +1,43 @@
-"""`check_cache`: random workloads (hypothesis) run on the reference and a cache under test,
-compared after every op; a failure is shrunk to a short op script that replays.
-
-Needs hypothesis (`pip install numbakv[testing]`).
+"""`check_cache`: a cache under test held to the reference, op by op — first on every hazard
+scenario (`hazards`), then on random swarm workloads (`workloads`) — and a failure shrunk to
+a short op script that replays. NumPy only: the draws come from `numpy.random` seeded by
+`seed`, so what a run finds depends on the seed alone, never on the calling program.
 """
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
 
 from numbakv.config import CacheConfig
-from numbakv.testing.ops import COMPARES, Check, Op, Runner
+from numbakv.testing import hazards as hazard_scripts
+from numbakv.testing.coverage import Coverage
+from numbakv.testing.ops import (
+    COMPARES,
+    OP_TIMEOUT,
+    Check,
+    Divergence,
+    Op,
+    Runner,
+    apply,
+    run_script,
+)
+from numbakv.testing.shrink import shrink
+from numbakv.testing.workloads import CODES, KINDS, Swarm, decode
 
-GROUPS = (1, 2, 4, 8)  # query heads per KV head of a step's attends (GQA)
-DEFAULT_CONFIGS = (  # small: every refusal of docs/contract.md §2 within a few ops
+DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a few ops; one long
+    CacheConfig(n_layers=1, n_kv_heads=2, head_dim=4, windows=(1,), capacity=6,
+                max_width=6, max_seqs=2, max_seq_len=6, initial_cells=1),
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=8, windows=(0, 3), capacity=24,
                 max_width=4, max_seqs=4, max_seq_len=10, initial_cells=4),
     CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4, windows=(2,), capacity=16,
                 max_width=5, max_seqs=3, max_seq_len=12, initial_cells=2, dtype="float16"),
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(4, 0), capacity=40,
                 max_width=6, max_seqs=5, max_seq_len=8, initial_cells=8),
+    CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(0, 5), capacity=72,
+                max_width=8, max_seqs=3, max_seq_len=34, initial_cells=4),
 )  # fmt: skip
-
-
-def hypothesis_or_error():
-    """The hypothesis module, or ImportError naming the extra that installs it."""
-    try:
-        import hypothesis
-    except ImportError as error:
-        raise ImportError(
-            "numbakv.testing.check_cache needs hypothesis: pip install 'numbakv[testing]'"
-        ) from error
-    return hypothesis
-
-
-# each verb's share of the drawn ops: steps most, clear least (and only of a cache half full)
-VERB_DRAWS = ("step",) * 8 + ("seq_new", "seq_clone", "rewind") * 3 + ("seq_rm",) * 2 + ("clear",)
-PICKS = 8  # an id is a pick in [0, PICKS): 0-3 any live id, 4-5 one of the two highest
-# live ids, 6 any id in [0, max_seqs], 7 a hostile one (see `decode`)
-HOSTILE_POSITIONS = (-1, 0.5)  # refused: a negative position, one that is not an integer
-CODES = 2**64  # an op is drawn as one integer below this, read digit by digit (`decode`)
-
-
-class Digits:
-    """An op's integer read as digits of mixed radix: `take(n)` is the next one in [0, n).
-    One integer per op keeps hypothesis fast (a draw costs ~0.5 ms) and shrinks well: a
-    smaller integer is a simpler op (a step, of live ids, of fewer tokens)."""
-
-    def __init__(self, code: int):
-        self.code = code
-
-    def take(self, n: int) -> int:
-        self.code, digit = divmod(self.code, n)
-        return digit
-
-
-def hostile_ids(config: CacheConfig) -> tuple:
-    """Ids no cache may take for a live one: negative, past max_seqs, not integers. Each is
-    its own repr, so a printed script replays."""
-    return (-1, -2, config.max_seqs + 1, 1.5, "0", None)
-
-
-def decode(code: int, reference, config: CacheConfig) -> Op:
-    """The op of `code` for the present state of `reference` (anything with `live_seqs`,
-    `pos(seq)` and `used_cells`: the reference cache, or a table's view of itself).
-
-    Ids: 3 in 4 live (any, or one of the two highest, so that ids past 63 carry tokens when
-    they are live), else any id in [0, max_seqs] (max_seqs is never live) or a hostile one
-    (`hostile_ids`). Positions and `upto`: from the end down to 0, one past the end,
-    sometimes -1 or 0.5. Steps: any ids, a prefill of one sequence beside one decode token
-    of others (in either order or interleaved), one decode token of each of several
-    sequences, or an empty declaration; up to one token too many; width the declared
-    count, one more, or any in [0, max_width + 1] (too narrow, padded, too wide); 1, 2, 4
-    or 8 query heads per KV head; mode gathered or masked. `clear` only when half the cells
-    are used."""
-    digits, live = Digits(code), list(reference.live_seqs)
-
-    def seq():
-        pick = digits.take(PICKS)
-        if live and pick < 4:  # counted from the highest, so that a used-up code gives it
-            return live[-1 - digits.take(len(live))]
-        if live and pick < 6:
-            return live[-1 - digits.take(min(2, len(live)))]
-        if pick < 7:
-            return digits.take(config.max_seqs + 1)
-        hostile = hostile_ids(config)
-        return hostile[digits.take(len(hostile))]
-
-    verb = VERB_DRAWS[digits.take(len(VERB_DRAWS))]
-    if verb == "clear" and 2 * reference.used_cells < config.capacity:
-        verb = "step"
-    if verb == "step" and not live:
-        verb = "seq_new"  # an empty cache opens a sequence before any step
-    if verb in ("seq_new", "clear"):
-        return Op(verb)
-    if verb == "step":
-        return _step(digits, seq, live, config)
-    target = seq()
-    if verb == "seq_rm":
-        return Op(verb, (target,))
-    if verb == "seq_clone" and digits.take(2):
-        return Op(verb, (target, None))
-    end = reference.pos(target) if target in live else config.max_seq_len
-    back = digits.take(end + 2)
-    position = end - back if back <= end else end + 1  # the end, down to 0, one past the end
-    if digits.take(8) == 7:
-        position = HOSTILE_POSITIONS[digits.take(len(HOSTILE_POSITIONS))]
-    return Op(verb, (target, position))
-
-
-def _step(digits: Digits, seq: Callable[[], object], live: list[int], config: CacheConfig) -> Op:
-    """A step op (see `decode`): its shape, mode, count, width and group, its ids, then the
-    seed of its K/V and queries (the digits read last; 0 once the code is used up)."""
-    shape = digits.take(16)  # 0-7 any ids, 8-11 a prefill beside decodes, 12-14 decodes, 15 none
-    mode = ("masked",) if digits.take(2) else ()
-    n = 1 + digits.take(config.max_width + 1)
-    width_kind, group = digits.take(4), GROUPS[digits.take(len(GROUPS))]
-    if shape < 8:
-        ids = [seq() for _ in range(n)]
-    elif shape < 12:
-        ids = _prefill(digits, seq(), live, n)
-    elif shape < 15:
-        ids = _from_the_top(live, digits.take(len(live)))[:n]
-    else:
-        ids = []
-    width = (None, len(ids), len(ids) + 1, digits.take(config.max_width + 2))[width_kind]
-    return Op("step", (tuple(ids), width, group, digits.take(2**16), *mode))
-
-
-def _prefill(digits: Digits, focus, live: list[int], n: int) -> list:
-    """n tokens: a prefill of `focus` and one decode token of each of some other live ids,
-    the prefill first, the decodes first, or a decode token after each prefill token."""
-    others = [s for s in live if s != focus]
-    others = _from_the_top(others, digits.take(len(others)) if others else 0)
-    decodes = others[: digits.take(min(n, len(others) + 1))]
-    prefill = [focus] * (n - len(decodes))
-    order = digits.take(3)
-    if order < 2:
-        return prefill + decodes if order == 0 else decodes + prefill
-    ids = []
-    for i, token in enumerate(prefill):
-        ids += [token, *decodes[i : i + 1]]
-    return ids + decodes[len(prefill) :]
-
-
-def _from_the_top(ids: list[int], skip: int) -> list[int]:
-    """`ids` from the highest down, starting `skip` below the highest and wrapping round."""
-    down = ids[::-1]
-    return down[skip:] + down[:skip]
+DEFAULT_SEED = 0  # the seed of seed=None: the same workloads every run
 
 
 def check_cache(
@@ -158,50 +51,149 @@ def check_cache(
     tolerance: float | None = None,
     prefix: Sequence[Op] | Callable[[CacheConfig], Sequence[Op]] = (),
     check: Check | None = None,
-) -> None:
-    """Holds `factory(config)` (a `CacheUnderTest`) to the reference on random workloads.
+    hazards: bool | Iterable[str] = True,
+    kinds: Iterable[str] = KINDS,
+    op_timeout: float | None = OP_TIMEOUT,
+    report: bool = False,
+) -> Coverage | None:
+    """Holds `factory(config)` (a `CacheUnderTest`) to the reference, op by op.
 
     factory      : makes an empty cache of a `CacheConfig` (a class such as
                    `numbakv.CellCache`, or your adapter)
     compare      : "semantic" for any layout, "table" for a cell layout (see `run_script`)
-    configs      : the configs to draw from (default DEFAULT_CONFIGS: GQA, windows at and
-                   around the history, float32 and float16, growth, full caches)
-    max_examples : workloads to run, each of 1 to `max_ops` drawn ops (uniformly; `decode`)
-    seed         : fixes hypothesis's draws (None: derandomized, the same every run)
+    configs      : the configs to run (default DEFAULT_CONFIGS: GQA, windows at and
+                   around the history, float32 and float16, growth, full caches, one of
+                   sequences up to 34 positions); give your own for your block size, your
+                   head counts, longer sequences or a larger pool
+    hazards      : first run every hazard scenario (`HAZARDS`) on every config; or the
+                   names of those to run (False: none)
+    kinds        : the kinds of op run (`workloads.KINDS`, default all): hazard scripts
+                   with another kind are skipped, workloads draw no other (for a hook
+                   that holds every placed cell's K/V written: the verbs and "step")
+    max_examples : random workloads to run, each of 1 to `max_ops` ops (uniformly) in its
+                   own mix (`Swarm.draw`) on a config drawn from `configs` (`decode`)
+    seed         : the seed of the workloads (None: DEFAULT_SEED, the same every run)
     tolerance    : of attention outputs (see `run_script`); default by the storage dtype
-    prefix       : ops run before every workload and again after each `clear`, so that the
+    prefix       : ops run before every script and again after each `clear`, so that the
                    state they make holds throughout (ids parked so that the ids under test
                    are past 63, sequences open); or a function of the config giving them.
-                   Each op's outcome is compared, the rest after its last op (`Runner.setup`)
+                   Each op's outcome is compared, the rest after its last (`Runner.setup`);
+                   a hazard's ids become the ids the prefix leaves free, in order
     check        : a hook called after every op (see `run_script`), for a layout's own state
+    op_timeout   : seconds an op of the cache may take before it is a hang (a divergence)
+    report       : return the `Coverage` of the run (what it exercised)
 
-    Returns when every workload agreed; otherwise raises `Divergence` (an AssertionError)
-    whose message holds the shrunk op script (the prefix included), the config and the
-    first difference.
+    Returns None (or the Coverage) when every script agreed; otherwise raises `Divergence`
+    (an AssertionError) whose message names the hazard (`hazard 'fork-partial-then-append'
+    at offset 3: ...`) or the workload, and holds the shrunk op script (the prefix
+    included), the config and the first difference.
     """
-    hypothesis = hypothesis_or_error()
     if compare not in COMPARES:
         raise ValueError(f"compare={compare!r}: give one of {COMPARES}")
-    configs = list(configs or DEFAULT_CONFIGS)
-    st = hypothesis.strategies
-    which, code = st.integers(0, len(configs) - 1), st.integers(0, CODES - 1)
+    configs, started = list(configs or DEFAULT_CONFIGS), time.perf_counter()
+    coverage = Coverage(compare)
 
-    @hypothesis.settings(
-        max_examples=max_examples, deadline=None, database=None, print_blob=False,
-        suppress_health_check=list(hypothesis.HealthCheck), derandomize=seed is None,
-    )  # fmt: skip
-    @hypothesis.given(st.data())
-    def workloads(data) -> None:
-        config = configs[data.draw(which, label="config")]
+    def run(config: CacheConfig, ops: Sequence[Op], what: str, draw=None) -> None:
         start = list(prefix(config) if callable(prefix) else prefix)
-        runner = Runner(factory, config, compare, tolerance=tolerance, check=check)
-        runner.setup(start)
-        for _ in range(data.draw(st.integers(1, max_ops), label="ops")):
-            op = decode(data.draw(code), runner.reference, config)
-            runner.run(op)
-            if op.verb == "clear":
-                runner.setup(start)
+        runner = Runner(factory, config, compare, tolerance=tolerance, check=check,
+                        op_timeout=op_timeout, watch=coverage.watch(config))  # fmt: skip
+        try:
+            runner.setup(start)
+            for op in ops if draw is None else draw(runner):
+                runner.run(op)
+                if op.verb == "clear":
+                    runner.setup(start)
+        except Divergence as error:
+            shrunk = _shrunk(error, what, factory, compare, tolerance, check, op_timeout)
+            coverage.seconds, shrunk.coverage = time.perf_counter() - started, coverage
+            raise shrunk from None
 
-    if seed is not None:
-        workloads = hypothesis.seed(seed)(workloads)
-    workloads()
+    names = hazard_scripts.HAZARDS if hazards is True else hazards or ()
+    kinds = _kinds(kinds)
+    for config in configs if names else ():
+        free = _free_ids(config, prefix)
+        for name, label, ops in hazard_scripts.scripts(config, compare, names):
+            if any(op.verb not in kinds for op in ops):
+                continue
+            coverage.hazards[name] += 1
+            run(config, [_renamed(op, free) for op in ops], f"hazard {name!r} {label}")
+    rng = np.random.default_rng([DEFAULT_SEED if seed is None else seed, 0x6E6B76])
+    for example in range(max_examples):
+        config, swarm = configs[int(rng.integers(len(configs)))], Swarm.draw(rng, kinds)
+        n_ops = int(rng.integers(1, max_ops + 1))
+
+        def draw(runner, config=config, swarm=swarm, n_ops=n_ops):
+            for _ in range(n_ops):
+                width = runner.watch.protocol.width
+                yield decode(int(rng.integers(CODES, dtype=np.uint64)), runner.reference,
+                             config, swarm, width, compare)  # fmt: skip
+
+        coverage.workloads += 1
+        run(config, (), f"random workload {example} of seed {seed} (mix: {swarm})", draw)
+    coverage.seconds = time.perf_counter() - started
+    return coverage if report else None
+
+
+def _kinds(kinds: Iterable[str]) -> frozenset[str]:
+    kinds = frozenset(kinds)
+    if not kinds or not kinds <= set(KINDS) or "step" not in kinds:
+        raise ValueError(f"kinds={sorted(kinds)}: give kinds of {KINDS}, 'step' among them")
+    return kinds
+
+
+def _free_ids(config: CacheConfig, prefix) -> list[int]:
+    """The ids `seq_new` hands out, in order, after the prefix (all of them without one)."""
+    from numbakv.reference import CellCache
+
+    start = list(prefix(config) if callable(prefix) else prefix)
+    if not start:
+        return list(range(config.max_seqs))
+    cache = CellCache(config)
+    for op in start:
+        try:
+            apply(cache, op, config)
+        except Exception:  # a prefix op the reference refuses: refused by both, nothing made
+            continue
+    live = set(cache.live_seqs)
+    return [seq for seq in range(config.max_seqs) if seq not in live]
+
+
+def _renamed(op: Op, free: list[int]) -> Op:
+    """A hazard's op with its ids (0, 1, ...: the first, second, ... opened) the prefix's
+    free ids; ids past them, and hostile ones, as they are."""
+    if len(free) and free[0] == 0 and free == list(range(len(free))):
+        return op
+
+    def name(seq):
+        return free[seq] if type(seq) is int and 0 <= seq < len(free) else seq
+
+    if op.verb in ("step", "declare") and isinstance(op.args[0], tuple):
+        return Op(op.verb, (tuple(name(s) for s in op.args[0]), *op.args[1:]))
+    if op.verb in ("seq_clone", "seq_rm", "rewind"):
+        return Op(op.verb, (name(op.args[0]), *op.args[1:]))
+    return op
+
+
+def _shrunk(error: Divergence, what: str, factory, compare, tolerance, check,
+            op_timeout) -> Divergence:  # fmt: skip
+    """The Divergence of the shortest script `shrink` finds, its message naming `what`."""
+    if not error.ops:  # the factory failed: nothing to shrink
+        return Divergence(f"{what}: {error}", error.ops, error.index, error.config)
+
+    def fails(ops) -> bool:
+        try:
+            run_script(factory, error.config, ops, compare, tolerance=tolerance, check=check,
+                       op_timeout=op_timeout)  # fmt: skip
+        except Divergence:
+            return True
+        return False
+
+    minimal = shrink(error.ops, fails)
+    try:
+        run_script(factory, error.config, minimal, compare, tolerance=tolerance, check=check,
+                   op_timeout=op_timeout)  # fmt: skip
+    except Divergence as shrunk:
+        return Divergence(f"{what}: {len(error.ops)} ops shrunk to {len(minimal)}: {shrunk}",
+                          shrunk.ops, shrunk.index, error.config)  # fmt: skip
+    return Divergence(f"{what} (the shrunk script did not diverge again: a flaky cache?): "
+                      f"{error}", error.ops, error.index, error.config)  # fmt: skip

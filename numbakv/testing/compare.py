@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from numbakv.errors import CacheError
 from numbakv.testing.protocol import SEMANTIC_FIELDS
 
 if TYPE_CHECKING:  # ops runs the ops and reads this module's rules
@@ -15,23 +18,28 @@ if TYPE_CHECKING:  # ops runs the ops and reads this module's rules
 SIDES = ("the reference", "the cache")
 
 
-def differences(reference, cache, op: Op, expected, got, compare: str,
-                tolerance: float) -> str | None:  # fmt: skip
+def differences(reference, cache, op: Op, expected, got, compare: str, tolerance: float,
+                n_tokens: int | None = None, undefined=None) -> str | None:  # fmt: skip
     """The first difference between the reference's (result, error) `expected` and the
     cache's `got` after `op`, as a sentence; None when they agree (attention outputs within
-    `tolerance`, relative to max(1, the row's largest |value|))."""
-    return outcome_difference(op, expected, got, compare, tolerance) or _state(
+    `tolerance`, relative to max(1, the row's largest |value|); an attend op's padding rows
+    from `n_tokens` on exactly 0; `undefined`: {layer: [width] bool}, the rows that read a
+    cell no step wrote in that layer, whose outputs are not compared)."""
+    return outcome_difference(op, expected, got, compare, tolerance, n_tokens, undefined) or _state(
         reference, cache, compare
     )
 
 
-def outcome_difference(op: Op, expected, got, compare: str, tolerance: float) -> str | None:
+def outcome_difference(op: Op, expected, got, compare: str, tolerance: float,
+                       n_tokens: int | None = None, undefined=None) -> str | None:  # fmt: skip
     """The first difference of the op's outcomes alone: the error class, or the result (a
-    step's fields, masks and attention outputs)."""
+    step's fields, masks and attention outputs; a read field; an attend's output)."""
     (want, want_error), (have, have_error) = expected, got
     if type(want_error) is not type(have_error):
-        return f"the reference {_said(want_error)}, the cache {_said(have_error)}"
-    return None if want_error is not None else _results(op, want, have, compare, tolerance)
+        return f"the reference {said(want_error)}, the cache {said(have_error)}"
+    if want_error is not None:
+        return None
+    return _results(op, want, have, compare, tolerance, n_tokens, undefined or {})
 
 
 def step_fields(compare: str) -> tuple[str, ...]:
@@ -48,27 +56,68 @@ def step_difference(step, their_step, compare: str) -> str | None:
     return None
 
 
-def _said(error) -> str:
-    return "returned" if error is None else f"raised {type(error).__name__}({error})"
+def said(error) -> str:
+    """What an outcome was, as words: "returned", or "raised Class(message)" and, for an
+    exception that is not a CacheError, where (the last frame of its traceback)."""
+    if error is None:
+        return "returned"
+    text = f"raised {type(error).__name__}({error})"
+    frames = traceback.extract_tb(error.__traceback__) if not isinstance(error, CacheError) else ()
+    if frames:
+        frame = frames[-1]
+        text += f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}: {frame.line}"
+    return text
 
 
-def _results(op: Op, want, have, compare: str, tolerance: float) -> str | None:
+def _results(op: Op, want, have, compare: str, tolerance: float, n_tokens,
+             undefined: dict) -> str | None:  # fmt: skip
+    if op.verb == "attend":
+        skip = undefined.get(op.args[0])
+        return _attention(op.args[0], want, have, tolerance, skip) or _output_form(
+            op.args[0], want, have, n_tokens
+        )
+    if op.verb == "read":
+        return _read(op, want, have)
+    if op.verb == "prepare":
+        return _step_result(want, have, compare)
     if op.verb != "step":
         return None if want == have else f"returned {have!r}, the reference {want!r}"
     (step, outs), (their_step, their_outs) = want, have
-    problem = step_difference(step, their_step, compare)
+    problem = _step_result(step, their_step, compare)
     if problem:
         return problem
-    if compare == "table":
-        for window in step.windows:
-            problem = _mask(window, step, their_step)
-            if problem:
-                return problem
     n_tokens = step.n_tokens
     for layer, (a, b) in enumerate(zip(outs, their_outs, strict=True)):
-        problem = _attention(layer, a, b, tolerance) or _output_form(layer, a, b, n_tokens)
+        problem = _attention(layer, a, b, tolerance, undefined.get(layer)) or _output_form(
+            layer, a, b, n_tokens
+        )
         if problem:
             return problem
+    return None
+
+
+def _step_result(step, their_step, compare: str) -> str | None:
+    """A prepared step's fields and (table) every window's mask."""
+    problem = step_difference(step, their_step, compare)
+    if problem or compare != "table":
+        return problem
+    for window in step.windows:
+        problem = _mask(window, step, their_step)
+        if problem:
+            return problem
+    return None
+
+
+def _read(op: Op, want, have) -> str | None:
+    """A read field: the same shape and values (a mask also uint8)."""
+    field = "step." + (f"mask({op.args[1]})" if op.args[0] == "mask" else op.args[0])
+    if want is None or have is None:
+        return None if want is have else f"{field} is {have!r}, the reference's {want!r}"
+    have = np.asarray(have)
+    if op.args[0] == "mask" and have.dtype != np.uint8:
+        return f"{field} is {have.dtype}, not uint8"
+    if want.shape != have.shape or not np.array_equal(want, have):
+        return f"{field} is {have.tolist()}, the reference's {want.tolist()}"
     return None
 
 
@@ -97,14 +146,18 @@ def _output_form(layer: int, want: np.ndarray, have: np.ndarray, n_tokens: int) 
     return None
 
 
-def _attention(layer: int, want: np.ndarray, have: np.ndarray, tol: float) -> str | None:
+def _attention(layer: int, want: np.ndarray, have: np.ndarray, tol: float,
+               skip: np.ndarray | None = None) -> str | None:  # fmt: skip
     """The worst token of a layer's attention output, when it is past `tol` (relative to the
-    row's largest |value|, at least 1) or NaN/inf where the reference is finite."""
+    row's largest |value|, at least 1) or NaN/inf where the reference is finite; the rows
+    of `skip` ([width] bool) not compared."""
     if want.shape != have.shape:
         return f"attend({layer}) gave shape {have.shape}, the reference {want.shape}"
     scale = np.maximum(np.abs(want).max(axis=-1, keepdims=True), 1)
     error = np.where(np.isfinite(have) | ~np.isfinite(want), np.abs(have - want), np.inf)
     error = np.nan_to_num(error / scale, nan=0.0)
+    if skip is not None:
+        error[skip] = 0
     t, h, d = np.unravel_index(int(np.argmax(error)), error.shape)
     if error[t, h, d] <= tol:
         return None

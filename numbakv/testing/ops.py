@@ -6,14 +6,31 @@ and what its failure message prints, so that a failure replays with two lines:
     run_script(factory, config, [Op("seq_new"), Op("step", ([0, 0], 3, 2, 7))])
 
 An op is a verb of docs/contract.md §2 with its arguments (`seq_new`, `seq_clone`, `seq_rm`,
-`rewind`, `clear`) or a whole step: `Op("step", (seq_ids, width, group, seed))` declares
-`seq_ids`, prepares `width` rows (None: the declared count), then per layer writes K/V and
-attends a q of `group * n_kv_heads` query heads, all drawn from `seed`; an optional fifth
-field, `Op("step", (seq_ids, width, group, seed, mode))`, is the attention mode ("gathered"
-or "masked"; without it `attend` is called without `mode`, so its default). NumPy only.
+`rewind`, `clear`), a whole step, or one call of the step protocol (§3, §5):
+
+    Op("step", (seq_ids, width, group, seed[, mode]))  declare_step(seq_ids), prepare_step(
+        width) (None: the declared count), then per layer write K/V and attend a q of `group *
+        n_kv_heads` query heads, all drawn from `seed`, in `mode` ("gathered" or "masked";
+        without it `attend` gets no `mode`)
+    Op("declare", (seq_ids,))      declare_step(list(seq_ids)); anything but a tuple as is
+    Op("prepare", (width,))        prepare_step(width)
+    Op("write", (layer, rows, seed[, dtype]))  write(layer, k, v) of k, v [rows, n_kv_heads,
+                                   head_dim] float32 from `seed` (cast to `dtype`, a name)
+    Op("attend", (layer, rows, n_heads, seed, scale, mode))  attend(layer, q) of q [rows,
+                                   n_heads, head_dim] float32 from `seed`, with `scale=` and
+                                   `mode=` when they are not None
+    Op("read", (field,)), Op("read", ("mask", window))  a field (or a mask) of the last
+                                   prepared step, stale or not: its value or the StepError
+
+Any exception the cache under test raises is an outcome: an error class the reference did
+not raise (an `IndexError`, a timeout past `op_timeout` seconds) is a `Divergence` like any
+other difference, with the last frame of its traceback. NumPy only.
 """
 
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,12 +38,15 @@ import numpy as np
 from numbakv.checks import as_host
 from numbakv.config import TOLERANCE, CacheConfig
 from numbakv.errors import CacheError
-from numbakv.testing.compare import differences, outcome_difference
+from numbakv.testing.compare import differences, outcome_difference, said
 from numbakv.testing.state import after_op, observed, refusal_changed, track_step
 
 COMPARES = ("semantic", "table")
-VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear", "step")
+TABLE_VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
+STEP_VERBS = ("declare", "prepare", "write", "attend", "read")
+VERBS = (*TABLE_VERBS, "step", *STEP_VERBS)
 MODES = ("gathered", "masked")
+OP_TIMEOUT = 10.0  # seconds one op of the cache under test may take before it is a hang
 
 Check = Callable[..., "str | None"]  # check(reference, cache, op, expected, got)
 
@@ -44,11 +64,17 @@ class Op:
 
 class Divergence(AssertionError):
     """The cache under test differed from the reference. `ops` is the script up to and
-    including the op that differed, `index` that op's index, `config` the CacheConfig."""
+    including the op that differed, `index` that op's index, `config` the CacheConfig;
+    from `check_cache`, `coverage` is what the run exercised up to the divergence."""
 
     def __init__(self, message: str, ops: Sequence[Op], index: int, config: CacheConfig):
         super().__init__(message)
         self.ops, self.index, self.config = list(ops), index, config
+        self.coverage = None
+
+
+class OpTimeout(TimeoutError):
+    """An op of the cache under test ran past the runner's `op_timeout`."""
 
 
 def script(ops: Sequence[Op]) -> str:
@@ -59,19 +85,59 @@ def script(ops: Sequence[Op]) -> str:
 def step_inputs(config: CacheConfig, width: int, group: int, seed: int, layer: int):
     """(k, v, q) of one layer of a step op: float32 normal, [width, n_kv_heads, head_dim]
     and [width, group * n_kv_heads, head_dim]."""
-    rng = np.random.default_rng([seed, layer])
+    rng = np.random.default_rng([seed, _key(layer)])
     kv = (width, config.n_kv_heads, config.head_dim)
     k, v = rng.standard_normal((2, *kv), dtype=np.float32)
     q = rng.standard_normal((width, group * config.n_kv_heads, config.head_dim), np.float32)
     return k, v, q
 
 
-def apply(cache, op: Op, config: CacheConfig):
-    """Runs `op` on `cache`: the verb's result, or for a step (the step, [per layer the
-    attention output as a host array, of the dtype the cache returned])."""
-    if op.verb != "step":
-        return getattr(cache, op.verb)(*op.args)
-    seq_ids, width, group, seed, *mode = op.args
+def query(config: CacheConfig, rows: int, n_heads: int, seed: int, layer) -> np.ndarray:
+    """The q of an attend op: float32 normal [rows, n_heads, head_dim]."""
+    rng = np.random.default_rng([seed, _key(layer), 1])
+    return rng.standard_normal((rows, n_heads, config.head_dim), np.float32)
+
+
+def _key(layer) -> int:
+    """A layer as a seed word: itself when a non-negative int, else 0 (a refused layer)."""
+    return layer if type(layer) is int and layer >= 0 else 0
+
+
+def apply(cache, op: Op, config: CacheConfig, last=None):
+    """Runs `op` on `cache` and gives its result: the verb's return value; for a step (the
+    step, [per layer the attention output as a host array, of the dtype the cache
+    returned]); for a prepare the step; for an attend the output as a host array; for a
+    read the field as an array (None without a step). `last`: the step this cache
+    prepared last, stale or not (what a read reads)."""
+    verb, args = op.verb, op.args
+    if verb in TABLE_VERBS:
+        return getattr(cache, verb)(*args)
+    if verb == "step":
+        return _step(cache, args, config)
+    if verb == "declare":
+        (ids,) = args
+        return cache.declare_step(list(ids) if isinstance(ids, tuple) else ids)
+    if verb == "prepare":
+        return cache.prepare_step(*args)
+    if verb == "write":
+        layer, rows, seed, *dtype = args
+        k, v, _ = step_inputs(config, rows, 1, seed, layer)
+        return cache.write(layer, *(x.astype(dtype[0]) for x in (k, v)) if dtype else (k, v))
+    if verb == "attend":
+        layer, rows, n_heads, seed, scale, mode = args
+        keywords = {name: value for name, value in (("scale", scale), ("mode", mode))
+                    if value is not None}  # fmt: skip
+        return as_host(cache.attend(layer, query(config, rows, n_heads, seed, layer), **keywords))
+    if verb == "read":
+        if last is None:
+            return None
+        field, *window = args
+        return np.asarray(last.mask(*window) if field == "mask" else getattr(last, field))
+    raise ValueError(f"{op!r}: the verb is not one of {VERBS}")
+
+
+def _step(cache, args: tuple, config: CacheConfig):
+    seq_ids, width, group, seed, *mode = args
     keywords = {"mode": mode[0]} if mode else {}
     cache.declare_step(list(seq_ids))
     step = cache.prepare_step(width)
@@ -83,47 +149,140 @@ def apply(cache, op: Op, config: CacheConfig):
     return step, outs
 
 
-def outcome(cache, op: Op, config: CacheConfig):
-    """(result, None) or (None, the CacheError it raised)."""
+def outcome(cache, op: Op, config: CacheConfig, last=None, catch=CacheError,
+            timeout: float | None = None):  # fmt: skip
+    """(result, None) or (None, the exception it raised): a CacheError, or any `catch` (the
+    cache under test: any Exception, a hang past `timeout` seconds as `OpTimeout`)."""
     try:
-        return apply(cache, op, config), None
-    except CacheError as error:
+        with time_limit(timeout):
+            return apply(cache, op, config, last), None
+    except catch as error:
         return None, error
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raises `OpTimeout` in the block once it has run `seconds` (SIGALRM: in the main
+    thread of a POSIX process; elsewhere, or for None, no limit)."""
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise OpTimeout(f"the op ran past op_timeout={seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class Runner:
     """The reference and a cache under test side by side: `run(op)` applies `op` to both and
-    raises `Divergence` at the first difference (see `run_script` for `compare`, `tolerance`
-    and `check`)."""
+    raises `Divergence` at the first difference (see `run_script` for `compare`, `tolerance`,
+    `check` and `op_timeout`). `watch`, an optional observer of the run (`Coverage`), has
+    `before(runner, op)` and `after(runner, op, expected, got)` called around each op."""
 
     def __init__(self, factory: Callable[[CacheConfig], object], config: CacheConfig,
-                 compare: str = "semantic", reference=None,
-                 tolerance: float | None = None, check: Check | None = None):  # fmt: skip
+                 compare: str = "semantic", reference=None, tolerance: float | None = None,
+                 check: Check | None = None, op_timeout: float | None = OP_TIMEOUT,
+                 watch=None):  # fmt: skip
         if compare not in COMPARES:
             raise ValueError(f"compare={compare!r}: give one of {COMPARES}")
         if reference is None:
             from numbakv.reference import CellCache as reference
         self.config, self.compare, self.check, self.ops = config, compare, check, []
         self.tolerance = TOLERANCE[config.dtype] if tolerance is None else tolerance
+        self.op_timeout, self.watch = op_timeout, watch
         self.replay_keywords = "".join(  # the run_script keywords that replay this runner's ops
             text for text, given in ((f", compare={compare!r}", compare != "semantic"),
                                      (f", tolerance={tolerance!r}", tolerance is not None),
                                      (", check=check", check is not None)) if given
         )  # fmt: skip
-        self.reference, self.cache = reference(config), factory(config)
-        self.steps = None  # (the reference's, the cache's) last prepared step
+        self.reference = reference(config)
+        self.cache = self._made(factory, config)
+        self.steps = None  # (the reference's, the cache's) last prepared step, while compared
+        self.last = [None, None]  # the same, kept stale: what a read op reads
+        self.unwritten = [set() for _ in range(config.n_layers)]  # the reference's cells
+
+    def _made(self, factory, config: CacheConfig):
+        try:
+            with time_limit(self.op_timeout):
+                return factory(config)
+        except Exception as error:
+            message = f"factory({config!r}) {said(error)}"
+            raise Divergence(message, [], -1, config) from error
 
     def run(self, op: Op) -> None:
         self.ops.append(op)
-        before = observed(self.cache, self.compare)
-        expected = outcome(self.reference, op, self.config)
-        got = outcome(self.cache, op, self.config)
+        if self.watch is not None:
+            self.watch.before(self, op)
+        problem, before = self._read(observed, self.cache, self.compare)
+        expected = outcome(self.reference, op, self.config, self.last[0])
+        got = outcome(self.cache, op, self.config, self.last[1], Exception, self.op_timeout)
+        self._keep(op, expected, got)
+        if self.watch is not None:
+            self.watch.after(self, op, expected, got)
+        if problem is None:
+            failed, problem = self._read(self._compare, op, before, expected, got)
+            problem = failed or problem
+        self._raise(problem)
+
+    def _compare(self, op: Op, before, expected, got) -> str | None:
         problem = None
         if got[1] is not None and type(got[1]) is type(expected[1]):
             problem = refusal_changed(self.cache, self.compare, before)
+        n_tokens = self.last[0].n_tokens if op.verb == "attend" and expected[1] is None else None
         problem = problem or differences(self.reference, self.cache, op, expected, got,
-                                         self.compare, self.tolerance)  # fmt: skip
-        self._raise(problem or after_op(self, op, expected, got))
+                                         self.compare, self.tolerance, n_tokens,
+                                         self._undefined(op, expected))  # fmt: skip
+        return problem or after_op(self, op, expected, got)
+
+    def _read(self, function, *args):
+        """(None, function(*args)), or (a sentence, None) when reading the cache raised."""
+        try:
+            with time_limit(self.op_timeout):
+                return None, function(*args)
+        except Exception as error:
+            return f"reading the cache's state {said(error)}", None
+
+    def _keep(self, op: Op, expected, got) -> None:
+        """A step that a prepare or step op made is each side's last step; the reference's
+        cells that a prepare placed are unwritten in every layer until a write of the step."""
+        result, error = expected
+        if error is None and op.verb in ("step", "write"):
+            cells = set(self.last[0].cells.tolist() if op.verb == "write" else
+                        result[0].cells.tolist())  # fmt: skip
+            for layer in [op.args[0]] if op.verb == "write" else range(self.config.n_layers):
+                self.unwritten[layer] -= cells
+        if op.verb in ("step", "prepare"):
+            for side, (result, error) in enumerate((expected, got)):
+                if error is None:
+                    self.last[side] = result[0] if op.verb == "step" else result
+        if op.verb == "prepare" and expected[1] is None:
+            placed = set(expected[0].cells.tolist()) - {-1}
+            for cells in self.unwritten:
+                cells |= placed
+
+    def _undefined(self, op: Op, expected) -> dict | None:
+        """{layer: [width] bool}: the rows of an attending op that see a cell no step wrote
+        in that layer (its K/V undefined: a prepare without writes), or None."""
+        if expected[1] is not None or op.verb not in ("step", "attend"):
+            return None
+        step = expected[0][0] if op.verb == "step" else self.last[0]
+        layers = range(self.config.n_layers) if op.verb == "step" else [op.args[0]]
+        rows = {}
+        for layer in layers:
+            cells = sorted(c for c in self.unwritten[layer] if c < step.read_len)
+            if cells:
+                rows[layer] = step.mask(self.config.windows[layer])[:, cells].any(axis=1)
+        return rows or None
 
     def setup(self, ops: Sequence[Op]) -> None:
         """Runs `ops` (a prefix that makes a state: ids parked, sequences open) comparing
@@ -132,8 +291,9 @@ class Runner:
         each of them fully."""
         for op in ops[:-1]:
             self.ops.append(op)
-            expected = outcome(self.reference, op, self.config)
-            got = outcome(self.cache, op, self.config)
+            expected = outcome(self.reference, op, self.config, self.last[0])
+            got = outcome(self.cache, op, self.config, self.last[1], Exception, self.op_timeout)
+            self._keep(op, expected, got)
             self._raise(outcome_difference(op, expected, got, self.compare, self.tolerance))
             track_step(self, op, expected, got)
         for op in ops[-1:]:
@@ -155,30 +315,34 @@ class Runner:
 
 def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
                ops: Sequence[Op], compare: str = "semantic", reference=None,
-               tolerance: float | None = None, *, check: Check | None = None) -> None:  # fmt: skip
+               tolerance: float | None = None, *, check: Check | None = None,
+               op_timeout: float | None = OP_TIMEOUT) -> None:  # fmt: skip
     """Runs `ops` on `factory(config)` and on the reference cache (or `reference`, a factory
     of the oracle), comparing after every op; raises `Divergence` at the first difference.
 
-    compare   : "semantic" (any layout): the same refusals (error class), ids, pos of every
-                live id, live ids, cells used and free, step positions/seq_ids/width/n_tokens,
-                attention outputs within `tolerance` (float32 [width, n_heads, head_dim],
-                padding rows exactly 0); a refused op leaves the cache as it was; the last
-                step goes stale when the reference's does (then its fields raise StepError);
-                `check_invariants()` holds after every op on a cache that has it. "table"
-                (cell layouts) adds the snapshot, each step's cells and read_len, every
-                window's mask (uint8 [width, read_len]) and, when the cache has `pool_kv`,
-                the K/V bytes of every occupied cell.
-    tolerance : of attention outputs, relative to max(1, the row's largest |value|); by
-                default `numbakv.config.TOLERANCE` of the storage dtype (a cache may compute
-                in it); give TOLERANCE["float32"] for a cache that computes in float32
-    check     : an optional hook, `check(reference, cache, op, expected, got)`, called
-                after every op once the built-in comparisons agree: `expected` and `got`
-                are the reference's and the cache's (result, error) — result the verb's
-                return value or, for a step, (step, [per layer the attention output]),
-                error None or the CacheError raised. It returns a sentence naming a
-                difference (or raises AssertionError), or None: for checks of a layout's
-                own state (a device mirror, bindings)
+    compare    : "semantic" (any layout): the same outcome (returned, or the same error
+                 class: any other exception of the cache, `IndexError` included, is a
+                 difference), ids, pos of every live id, live ids, cells used and free, step
+                 positions/seq_ids/width/n_tokens, attention outputs within `tolerance`
+                 (float32 [width, n_heads, head_dim], padding rows exactly 0), a read field's
+                 value; a refused op leaves the cache as it was; the last step goes stale
+                 when the reference's does (then its fields raise StepError);
+                 `check_invariants()` holds after every op on a cache that has it. "table"
+                 (cell layouts) adds the snapshot, each step's cells and read_len, every
+                 window's mask (uint8 [width, read_len]) and, when the cache has `pool_kv`,
+                 the K/V bytes of every occupied cell.
+    tolerance  : of attention outputs, relative to max(1, the row's largest |value|); by
+                 default `numbakv.config.TOLERANCE` of the storage dtype (a cache may compute
+                 in it); give TOLERANCE["float32"] for a cache that computes in float32
+    check      : an optional hook, `check(reference, cache, op, expected, got)`, called
+                 after every op once the built-in comparisons agree: `expected` and `got`
+                 are the reference's and the cache's (result, error) — result what `apply`
+                 gives, error None or the exception raised. It returns a sentence naming a
+                 difference (or raises AssertionError), or None: for checks of a layout's
+                 own state (a device mirror, bindings)
+    op_timeout : seconds one op of the cache may run before it is a hang (a Divergence);
+                 None: no limit (SIGALRM: only in the main thread on POSIX)
     """
-    runner = Runner(factory, config, compare, reference, tolerance, check)
+    runner = Runner(factory, config, compare, reference, tolerance, check, op_timeout)
     for op in ops:
         runner.run(op)

@@ -3,6 +3,13 @@ divergence is shrunk by delta debugging (`shrink_ops`) to a short op script that
 
     from numbakv.testing import replay
     replay("oplog.json", numbakv.CellCache)      # None, or Divergence with the short script
+
+What replays: a list of `Op`s; an op log, the JSON that `OpLog.save` writes ({"format":
+"numbakv-oplog", "version": 1, "config": {...}, "ops": [[verb, [args]], ...]} with the ops
+of `numbakv.testing.ops`: table verbs, whole steps, and declare / prepare / write / attend /
+read where a call came between a declaration and its prepare), read and bounded by
+`load_ops` (the format in full: `numbakv.testing.oplog`); or a `Trace` recorded with every
+verb (`trace_ops`). Any exception of the cache under test is a divergence like any other.
 """
 
 import os
@@ -33,7 +40,8 @@ def replay(
                   diverges (`shrink_ops`)
 
     Raises `Divergence` (its message the script of the ops up to the one that differed,
-    after shrinking, with the recorded and shrunk lengths); ValueError for a damaged log
+    after shrinking, with the recorded and shrunk lengths; any exception of the cache under
+    test, and of `factory`, is one); ValueError for a damaged or hostile log (`load_ops`)
     or a list of ops without a config.
     """
     if isinstance(ops_or_path, str | os.PathLike):
@@ -49,7 +57,7 @@ def replay(
     try:
         run_script(factory, config, ops, compare)
     except Divergence as error:
-        if not shrink:
+        if not shrink or not error.ops:  # no ops: factory(config) itself failed
             raise
         first = error
     else:

@@ -48,7 +48,7 @@ def after_op(runner: Runner, op: Op, expected, got) -> str | None:
     if problem:
         return problem
     if compare == "table" and hasattr(cache, "pool_kv"):
-        problem = _pool(reference, cache)
+        problem = _pool(reference, cache, runner.unwritten)
         if problem:
             return problem
     if runner.check is not None:
@@ -78,9 +78,11 @@ def _stale(runner: Runner, op: Op, expected, got) -> str | None:
 
 
 def track_step(runner: Runner, op: Op, expected, got) -> None:
-    """After a step op both prepared, its two steps are the last ones."""
-    if op.verb == "step" and expected[1] is None and got[1] is None:
-        runner.steps = expected[0][0], got[0][0]
+    """After a step or prepare op both prepared, its two steps are the last ones."""
+    if op.verb in ("step", "prepare") and expected[1] is None and got[1] is None:
+        runner.steps = (
+            (expected[0], got[0]) if op.verb == "prepare" else (expected[0][0], got[0][0])
+        )
 
 
 def _raises_stale(want, have, compare: str) -> str | None:
@@ -105,11 +107,13 @@ def _invariants(cache) -> str | None:
     return None
 
 
-def _pool(reference, cache) -> str | None:
-    """Every occupied cell's K and V bytes, layer by layer, equal the reference's."""
-    occupied = np.flatnonzero(reference.snapshot().pos >= 0)
-    last = int(occupied[-1]) if len(occupied) else -1
+def _pool(reference, cache, unwritten: list[set[int]]) -> str | None:
+    """Every occupied cell's K and V bytes, layer by layer, equal the reference's (but those
+    of cells `unwritten` in the layer: placed by a prepare, never written)."""
+    placed = np.flatnonzero(reference.snapshot().pos >= 0)
+    last = int(placed[-1]) if len(placed) else -1
     for layer in range(reference.config.n_layers):
+        occupied = np.setdiff1d(placed, list(unwritten[layer]))
         pairs = zip("KV", reference.pool_kv(layer), cache.pool_kv(layer), strict=True)
         for name, want, have in pairs:
             have = np.asarray(have)

@@ -23,11 +23,14 @@ from hypothesis import strategies as st
 from numbakv.cache.table import HostTable
 from numbakv.errors import CapacityError, SequenceError
 from numbakv.testing import Op
-from numbakv.testing.check import CODES, decode
+from numbakv.testing.workloads import CLASSIC, CODES, KINDS, Swarm, decode
 
 from table_pair import MAX_SEQS, TablePair, config, step
 
 # -- random workloads ------------------------------------------------------------------
+
+TABLE_MIX = Swarm(tuple(w if k in ("step", "seq_new", "seq_clone", "rewind", "seq_rm", "clear")
+                        else 0 for k, w in zip(KINDS, CLASSIC, strict=True)))  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,7 +45,7 @@ def test_the_host_table_holds_to_the_reference_table(max_seqs, capacity, max_wid
     n_live = data.draw(st.sampled_from(sorted({0, 1, max_seqs // 2, max_seqs})), label="live")
     pair.open(n_live)  # many ids live at once: ids past 63 and 127 get tokens
     for _ in range(data.draw(st.integers(1, 100), label="ops")):
-        pair.run(decode(data.draw(st.integers(0, CODES - 1)), pair, pair.cfg))
+        pair.run(decode(data.draw(st.integers(0, CODES - 1)), pair, pair.cfg, TABLE_MIX))
     pair.run(Op("clear"))  # at any fill: the generator clears only half-full tables
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from numbakv.reference import CellCache
 from numbakv.testing import DEFAULT_CONFIGS, Divergence, Op, check_cache, decode, run_script
-from numbakv.testing.check import CODES, GROUPS, hostile_ids
 from numbakv.testing.oplog import load_ops
+from numbakv.testing.ops import VERBS
+from numbakv.testing.workloads import CODES, GROUPS, hostile_ids
 
-CONFIG = DEFAULT_CONFIGS[0]  # 2 layers (windows 0 and 3), 2 KV heads, 4 ids, 24 cells
+CONFIG = DEFAULT_CONFIGS[1]  # 2 layers (windows 0 and 3), 2 KV heads, 4 ids, 24 cells
 TWO_STEPS = [Op("seq_new"), Op("step", ((0, 0), None, 1, 1)), Op("seq_new"), Op("rewind", (0, 1))]
 
 
@@ -218,7 +219,7 @@ def test_decode_draws_every_kind_of_op_and_each_prints_as_a_script():
     rng = np.random.default_rng(0)
     ops = [decode(int(code), cache, CONFIG) for code in rng.integers(0, CODES, 3000, np.uint64)]
     assert all(eval(repr(op), {"Op": Op}) == op for op in ops)
-    assert {op.verb for op in ops} == {"seq_new", "seq_clone", "seq_rm", "rewind", "clear", "step"}
+    assert {op.verb for op in ops} == set(VERBS)
     targets = {op.args[0] for op in ops if op.verb in ("seq_rm", "rewind", "seq_clone")}
     assert {*hostile_ids(CONFIG), *range(CONFIG.max_seqs + 1)} <= targets
     positions = {op.args[1] for op in ops if op.verb == "rewind" and op.args[0] == 0}

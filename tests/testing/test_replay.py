@@ -1,13 +1,16 @@
 """`OpLog` records a serving workload, `replay` runs it beside the reference and shrinks a
 divergence by delta debugging (`shrink_ops`), and `numbakv replay` on the command line."""
 
+import importlib.util
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import numbakv
 from numbakv.cli import main
-from numbakv.errors import SequenceError
+from numbakv.errors import SequenceError, StepError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor, Input
@@ -18,6 +21,7 @@ from numbakv.testing.replay import replay, shrink_ops
 
 from helpers import tiny_model
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODEL = tiny_model(seed=3)  # layers: global, window 4
 CONFIG = MODEL.config.cache_config(capacity=96, max_width=8, max_seqs=6, initial_cells=8)
 
@@ -281,3 +285,116 @@ def test_a_trace_of_steps_only_is_refused_for_replay():
         cache.rewind(a, 1)
     with pytest.raises(ValueError, match="every_verb=True"):
         trace_ops(recorder.trace())
+
+
+# -- the step's calls in between, keywords, and the kit's granular ops -----------------------
+
+
+class Keywords(CellCache):
+    """The reference, taking (and keeping) a device path's keywords: stream=, out=."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.seen = []
+
+    def prepare_step(self, width=None, stream=None):
+        self.seen.append(("stream", stream))
+        return super().prepare_step(width)
+
+    def attend(self, layer, q, scale=None, mode="gathered", out=None):
+        self.seen.append(("out", out))
+        return super().attend(layer, q, scale, mode)
+
+
+def write_and_attend(log: OpLog, step, **keywords) -> None:
+    """Per layer, the step's write and attend through `log`, as a model's forward does."""
+    for layer in range(CONFIG.n_layers):
+        kv = np.ones((step.width, CONFIG.n_kv_heads, CONFIG.head_dim), np.float16)
+        log.write(layer, kv, kv)
+        log.attend(layer, np.ones((step.width, 2 * CONFIG.n_kv_heads, CONFIG.head_dim)),
+                   mode="masked", **keywords)  # fmt: skip
+
+
+def test_a_declaration_before_a_refused_verb_is_recorded_and_replays(tmp_path):
+    log = OpLog(CellCache(CONFIG))
+    a = log.seq_new()
+    log.declare_step([a, a])
+    with pytest.raises(SequenceError):
+        log.seq_rm(5)  # refused: the declaration stays, in the cache and in the log
+    write_and_attend(log, log.prepare_step())
+    group = 2 * CONFIG.n_kv_heads
+    assert log.ops == [
+        Op("seq_new"), Op("declare", ((a, a),)), Op("seq_rm", (5,)), Op("prepare", (None,)),
+        Op("write", (0, 2, 4, "float16")), Op("attend", (0, 2, group, 5, None, "masked")),
+        Op("write", (1, 2, 6, "float16")), Op("attend", (1, 2, group, 7, None, "masked")),
+    ]  # fmt: skip
+    log.save(tmp_path / "log.json")
+    assert load_ops(tmp_path / "log.json") == (CONFIG, log.ops)
+    replay(tmp_path / "log.json", CellCache)
+    replay(tmp_path / "log.json", CellCache, compare="table")
+
+
+def test_a_verb_between_declare_and_prepare_replays_as_declare_and_prepare_ops():
+    log = OpLog(CellCache(CONFIG))
+    a = log.seq_new()
+    log.declare_step([a])
+    b = log.seq_new()  # in between: seq_new keeps the declaration
+    with pytest.raises(StepError):
+        log.declare_step([])  # refused in between: the first declaration stays
+    write_and_attend(log, log.prepare_step(3))
+    log.declare_step([a, b])
+    log.seq_rm(b)  # drops the declaration: the prepare is refused, in the log too
+    with pytest.raises(StepError):
+        log.prepare_step()
+    verbs = [op.verb for op in log.ops]
+    assert verbs[:5] == ["seq_new", "declare", "seq_new", "declare", "prepare"]
+    assert verbs[5:] == ["write", "attend"] * 2 + ["declare", "seq_rm", "prepare"]
+    assert log.ops[3] == Op("declare", ((),)) and log.ops[4] == Op("prepare", (3,))
+    replay(log.ops, CellCache, config=CONFIG)
+
+
+def test_a_declaration_surviving_a_verb_is_caught_on_replay_of_the_granular_ops():
+    spec = importlib.util.spec_from_file_location("paged_cache", EXAMPLES / "paged_cache.py")
+    paged = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paged)
+    log = OpLog(CellCache(CONFIG))
+    a = log.seq_new()
+    log.declare_step([a] * 3)
+    log.seq_rm(a)
+    log.seq_new()  # hands out a again
+    with pytest.raises(StepError):
+        log.prepare_step()  # nothing declared: the table it was checked against is gone
+    with pytest.raises(Divergence, match="nothing declared"):
+        replay(log.ops, lambda c: paged.PagedCache(c, bugs={"decl_survives_rm"}), config=CONFIG)
+    replay(log.ops, paged.PagedCache, config=CONFIG)
+
+
+def test_every_argument_reaches_the_cache_and_keywords_are_recorded():
+    cache = Keywords(CONFIG)
+    log = OpLog(cache)
+    a = log.seq_new()
+    log.declare_step(seq_ids=[a, a])
+    step = log.prepare_step(stream="s0")
+    write_and_attend(log, step, out="o")  # attend's out= passes too
+    log.declare_step([a])
+    log.prepare_step(width=2, stream="s1")
+    b = log.seq_clone(src=a, upto=1)
+    log.rewind(b, position=0)
+    assert cache.seen == [("stream", "s0"), ("out", "o"), ("out", "o"), ("stream", "s1")]
+    assert log.ops == [Op("seq_new"), Op("step", ((a, a), None, 1, 1)), Op("step", ((a,), 2, 1, 2)),
+                       Op("seq_clone", (a, 1)), Op("rewind", (b, 0))]  # fmt: skip
+    replay(log.ops, CellCache, config=CONFIG)
+
+
+def test_a_refused_prepare_keeps_the_declaration_and_its_retry_is_recorded():
+    log = OpLog(CellCache(CONFIG))
+    a = log.seq_new()
+    log.declare_step([a])
+    with pytest.raises(StepError):
+        log.prepare_step(CONFIG.max_width + 1)  # too wide: refused, the declaration kept
+    write_and_attend(log, log.prepare_step())
+    with pytest.raises(StepError):
+        log.prepare_step()  # nothing declared: recorded, and refused again on replay
+    assert log.ops[:3] == [Op("seq_new"), Op("step", ((a,), 9, 1, 1)), Op("prepare", (None,))]
+    assert [op.verb for op in log.ops[3:]] == ["write", "attend"] * 2 + ["prepare"]
+    replay(log.ops, CellCache, config=CONFIG)

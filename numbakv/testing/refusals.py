@@ -1,0 +1,185 @@
+"""The refusals of docs/contract.md §6.1 by name (`REFUSALS`), and `Protocol`: what the
+reference will refuse an op for, told before it runs from the step protocol's state (the
+pending declaration, the valid step, the layers written) and the table's (live ids, pos,
+free cells). `check_cache` counts the refusals its workloads reach (`Coverage`), and a test
+holds every refusal of the contract to being reached. NumPy only.
+
+The names are the kit's; the rows are the contract's, in its order of checks.
+"""
+
+import operator
+from collections import Counter
+
+import numpy as np
+
+from numbakv.config import CacheConfig
+from numbakv.testing.ops import MODES, Op
+
+REFUSALS = {  # name: (error class, what is refused)
+    "declare: not a list": ("StepError", "declare_step of something not a list of ids"),
+    "declare: id not live": ("SequenceError", "declare_step of an id that is not live"),
+    "declare: empty": ("StepError", "declare_step([])"),
+    "declare: too wide": ("StepError", "more than max_width tokens"),
+    "declare: too few free cells": ("CapacityError", "more tokens than free cells"),
+    "declare: past max_seq_len": ("CapacityError", "a sequence past max_seq_len"),
+    "prepare: nothing declared": ("StepError", "prepare_step with no pending declaration"),
+    "prepare: bad width": ("StepError", "a width below the declared count, past max_width, "
+                                        "or not an integer"),
+    "seq_new: every id live": ("CapacityError", "seq_new with max_seqs ids live"),
+    "seq_clone: src not live": ("SequenceError", "seq_clone of an id that is not live"),
+    "seq_clone: upto out of range": ("SequenceError", "upto outside [0, pos(src)]"),
+    "seq_clone: every id live": ("CapacityError", "seq_clone with max_seqs ids live"),
+    "seq_rm: not live": ("SequenceError", "seq_rm of an id that is not live"),
+    "rewind: not live": ("SequenceError", "rewind of an id that is not live"),
+    "rewind: position out of range": ("SequenceError", "position outside [0, pos(seq)]"),
+    "write: no valid step": ("StepError", "write with no step, or a stale one"),
+    "write: bad layer": ("StepError", "a layer outside [0, n_layers)"),
+    "write: bad dtype": ("StepError", "K or V not of a real float dtype"),
+    "write: bad shape": ("StepError", "K or V not [width, n_kv_heads, head_dim]"),
+    "attend: no valid step": ("StepError", "attend with no step, or a stale one"),
+    "attend: bad layer": ("StepError", "a layer outside [0, n_layers)"),
+    "attend: bad mode": ("StepError", "a mode other than gathered or masked"),
+    "attend: before write": ("StepError", "attend(layer) before write(layer) in the step"),
+    "attend: bad heads": ("StepError", "q heads not a positive multiple of n_kv_heads"),
+    "attend: bad shape": ("StepError", "q not [width, n_heads, head_dim]"),
+    "attend: bad scale": ("StepError", "a scale that is not a finite positive real"),
+    "read: stale step": ("StepError", "a field of a stale step"),
+    "read: no such window": ("StepError", "step.mask(window) of a window not in the config"),
+}  # fmt: skip
+TABLE_ONLY = ("read: no such window",)  # masks are a layout field: compare="table" reads them
+TABLE_CHANGES = ("seq_clone", "seq_rm", "rewind", "clear")  # drop a declaration, stale the step
+
+
+def index(value) -> int | None:
+    """`value` as the contract's integer (operator.index, bools refused), or None."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+class Protocol:
+    """The reference's step-protocol state, kept from the outcomes of the ops it ran:
+    `pending` (the declared ids or None), `width` of the valid step (None: no valid step),
+    `written` (the layers written in it), `prepared` (whether a step was ever prepared)."""
+
+    def __init__(self, config: CacheConfig):
+        self.config = config
+        self.pending: list | None = None
+        self.width: int | None = None
+        self.written: set[int] = set()
+        self.prepared = False  # whether any step was prepared (a read reads the last)
+
+    def expect(self, op: Op, reference) -> str | None:
+        """The name of the refusal the reference will raise for `op` (`REFUSALS`), or None
+        when it will accept it; `reference` as it is before the op."""
+        verb, args = op.verb, op.args
+        if verb == "step":
+            ids, width = args[:2]
+            return self._declare(ids, reference) or self._width(width, len(ids))
+        if verb == "declare":
+            return self._declare(args[0], reference)
+        if verb == "prepare":
+            if self.pending is None:
+                return "prepare: nothing declared"
+            return self._width(args[0], len(self.pending))
+        if verb in ("write", "attend"):
+            return self._kv(verb, args)
+        if verb == "read":
+            return self._read(args)
+        return self._table(verb, args, reference)
+
+    def after(self, op: Op, refused: str | None, result) -> None:
+        """Keeps the state after `op`, which the reference refused as `refused` or not."""
+        verb = op.verb
+        if refused is not None:
+            if verb == "step" and refused.startswith("prepare"):  # declared, then refused
+                self.pending, self.width, self.written = list(op.args[0]), None, set()
+            return
+        if verb in TABLE_CHANGES or verb == "declare":
+            self.pending = list(op.args[0]) if verb == "declare" else None
+            self.width, self.written = None, set()
+        elif verb in ("prepare", "step"):
+            step = result if verb == "prepare" else result[0]
+            self.pending, self.width, self.prepared = None, step.width, True
+            self.written = set(range(self.config.n_layers)) if verb == "step" else set()
+        elif verb == "write":
+            self.written.add(index(op.args[0]))
+
+    def _declare(self, ids, reference) -> str | None:
+        if not isinstance(ids, tuple | list | range):
+            return "declare: not a list"
+        live = set(reference.live_seqs)
+        if any(index(seq) not in live for seq in ids):
+            return "declare: id not live"
+        if not ids:
+            return "declare: empty"
+        if len(ids) > self.config.max_width:
+            return "declare: too wide"
+        if len(ids) > reference.free_cells:
+            return "declare: too few free cells"
+        counts = Counter(index(seq) for seq in ids)
+        if any(reference.pos(seq) + n > self.config.max_seq_len for seq, n in counts.items()):
+            return "declare: past max_seq_len"
+        return None
+
+    def _width(self, width, n: int) -> str | None:
+        if width is None:
+            return None
+        width = index(width)
+        return None if width is not None and n <= width <= self.config.max_width else (
+            "prepare: bad width"
+        )  # fmt: skip
+
+    def _kv(self, verb: str, args: tuple) -> str | None:
+        config, layer = self.config, index(args[0])
+        if self.width is None:
+            return f"{verb}: no valid step"
+        if layer is None or not 0 <= layer < config.n_layers:
+            return f"{verb}: bad layer"
+        if verb == "write":
+            dtype = args[3] if len(args) > 3 else "float32"
+            if np.dtype(dtype).kind != "f":
+                return "write: bad dtype"
+            return None if args[1] == self.width else "write: bad shape"
+        rows, n_heads, _, scale, mode = args[1:]
+        if mode is not None and mode not in MODES:
+            return "attend: bad mode"
+        if layer not in self.written:
+            return "attend: before write"
+        if n_heads < 1 or n_heads % config.n_kv_heads:
+            return "attend: bad heads"
+        if rows != self.width:
+            return "attend: bad shape"
+        good = scale is None or (
+            type(scale) in (int, float) and np.isfinite(np.float32(scale)) and scale > 0
+        )
+        return None if good else "attend: bad scale"
+
+    def _read(self, args: tuple) -> str | None:
+        field, *window = args
+        if field == "is_stale" or not self.prepared:  # no step: a read gives None
+            return None
+        if self.width is None:
+            return "read: stale step"
+        if field == "mask" and window[0] not in self.config.distinct_windows:
+            return "read: no such window"
+        return None
+
+    def _table(self, verb: str, args: tuple, reference) -> str | None:
+        live, full = set(reference.live_seqs), len(reference.live_seqs) == self.config.max_seqs
+        if verb == "seq_new":
+            return "seq_new: every id live" if full else None
+        if verb == "clear":
+            return None
+        seq = index(args[0])
+        if seq not in live:
+            return f"{verb}: {'src ' if verb == 'seq_clone' else ''}not live"
+        if len(args) > 1 and args[1] is not None:
+            position = index(args[1])
+            if position is None or not 0 <= position <= reference.pos(seq):
+                name = "upto" if verb == "seq_clone" else "position"
+                return f"{verb}: {name} out of range"
+        return "seq_clone: every id live" if verb == "seq_clone" and full else None
