@@ -79,10 +79,14 @@ def remove_parent(config: CacheConfig) -> Scripts:
     n = span(config)
     for offset in range(n + 1):
         s = Script(config).prefill(0, n).add("seq_clone", 0, offset).add("seq_rm", 0)
-        yield f"at offset {offset}", s.step([1]).step([1]).add("seq_new").step([0]).ops
+        s.step([1]).step([1]).add("seq_new").step([0]).add("seq_rm", 1)
+        yield f"at offset {offset}", s.step([0]).ops
 
 
 def id_reuse(config: CacheConfig) -> Scripts:
+    for n in sorted({1, span(config) // 2, span(config)}):
+        s = Script(config).prefill(0, n).add("seq_rm", 0).add("seq_new")
+        yield f"of the only sequence, of {n}", s.step([0]).step([0]).ops
     if config.max_seqs < 2:
         return
     for n in sorted({1, span(config) // 2, span(config)}):
@@ -246,9 +250,9 @@ HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
                            rewind_shared),
     "rewind-to-every-position": ("rewind to 0 and to every position, then append",
                                  rewind_every),
-    "remove-parent-after-fork": ("the parent removed after a fork, then the clone appends",
-                                 remove_parent),
     "id-reuse-after-removal": ("a removed id handed out again, then used", id_reuse),
+    "remove-parent-after-fork": ("the parent removed after a fork, the clone appends, then "
+                                 "goes too", remove_parent),
     "clear-then-reuse": ("clear, then new sequences", clear_reuse),
     "window-edges": ("histories of W-2, W-1, W, W+1 and far past W", window_edges),
     "padding-rows": ("steps padded past their tokens, every count", padding),
