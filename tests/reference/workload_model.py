@@ -13,8 +13,6 @@ of `numbakv.checks`.
   back to float32; padded rows are 0.
 """
 
-import operator
-
 import numpy as np
 from hypothesis import strategies as st
 
@@ -22,6 +20,7 @@ from numbakv.config import TOLERANCE, CacheConfig
 from numbakv.errors import CapacityError, SequenceError, StepError
 from numbakv.reference import solo_attention
 from numbakv.snapshot import Snapshot
+from numbakv.testing.refusals import index
 
 from helpers import as_storage, pool_values
 
@@ -77,16 +76,6 @@ def config_list(max_seqs: int) -> list[CacheConfig]:
                     max_seq_len=length or c)
         for n, w, kv, d, c, mw, i, dtype, length in SHAPES
     ]  # fmt: skip
-
-
-def integer(value) -> int | None:
-    """`value` as an int when it is one (what operator.index takes, bools excepted), else None."""
-    if isinstance(value, bool | np.bool_):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 class NaiveStep:
@@ -269,7 +258,7 @@ class NaiveCache:
         if self._declared is None:
             raise StepError("nothing declared")
         ids, cfg = self._declared, self.config
-        width = len(ids) if width is None else integer(width)
+        width = len(ids) if width is None else index(width)
         if width is None or not len(ids) <= width <= cfg.max_width:
             raise StepError(f"width {width!r} for {len(ids)} tokens, at most {cfg.max_width}")
         required = min(cfg.capacity, self.read_len + len(ids))  # the furthest cell placed
@@ -326,13 +315,13 @@ class NaiveCache:
     # -- helpers ---------------------------------------------------------------
 
     def _live(self, seq) -> int:
-        value = integer(seq)
+        value = index(seq)
         if value not in self.seqs:
             raise SequenceError(f"{seq!r} is not a live id; live: {self.live_seqs}")
         return value
 
     def _position(self, name: str, value, seq: int) -> int:
-        position = integer(value)
+        position = index(value)
         if position is None or not 0 <= position <= len(self.seqs[seq]):
             raise SequenceError(f"{name}={value!r} outside [0, {len(self.seqs[seq])}]")
         return position
@@ -354,7 +343,7 @@ class NaiveCache:
                 del self.cell_owners[cell], self.cell_pos[cell]
 
     def _current(self, layer) -> NaiveStep:
-        if self._step is None or integer(layer) not in range(self.config.n_layers):
+        if self._step is None or index(layer) not in range(self.config.n_layers):
             raise StepError(f"no step, or no layer {layer!r}")
         return self._step
 

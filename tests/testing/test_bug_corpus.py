@@ -5,27 +5,17 @@ the seed), with a script of at most 6 ops that replays; the correct caches pass 
 default run. `python -m benchmarks.kit_power` measures the same under seeds None and 1-5,
 with and without each cache's own `check_invariants`."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from example_caches import load_example
 
 from numbakv.reference import CellCache
 from numbakv.testing import Divergence, Op, check_cache, run_script
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CACHES = {"paged": ("paged_cache.py", "PagedCache"), "slab": ("slab_cache.py", "SlabCache"),
           "ring": ("ring_cache.py", "RingCache")}  # fmt: skip
 
 
-def load(file: str):
-    spec = importlib.util.spec_from_file_location(f"corpus_{file[:-3]}", EXAMPLES / file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-MODULES = {name: load(file) for name, (file, _) in CACHES.items()}
+MODULES = {name: load_example(file) for name, (file, _) in CACHES.items()}
 PLANTED = [(name, bug) for name, module in MODULES.items() for bug in module.BUGS]
 
 

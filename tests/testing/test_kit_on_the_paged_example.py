@@ -2,23 +2,16 @@
 attention, passes `check_cache(compare="semantic")` at block sizes 1, 3 and 16 and
 `check_attention(layout="paged")`; its planted bugs are tests/testing/test_bug_corpus.py's."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from example_caches import load_example
 
 from numbakv.testing import check_attention, check_cache
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "paged_cache.py"
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("paged_cache", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("paged_cache.py")
 
 
 BLOCK_HAZARDS = ("fork-partial-then-append", "fork-whole-then-append", "rewind-into-shared",

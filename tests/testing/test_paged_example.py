@@ -3,11 +3,9 @@ ids, positions, errors, capacity and attention; each planted bug shows on a shor
 (an op script run by `run_script`, or direct calls beside the reference where the op
 format cannot say it) and, but for two, on the random workload."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from example_caches import load_example
 
 from numbakv.config import TOLERANCE, CacheConfig
 from numbakv.errors import CacheError, ConfigError, StepError
@@ -15,18 +13,10 @@ from numbakv.reference import CellCache
 from numbakv.testing import Divergence, Op, run_script
 from numbakv.testing.protocol import CacheUnderTest, StepLike
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "paged_cache.py"
 N_HEADS = 4  # query heads: GQA with 2 per KV head
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("paged_cache_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-paged = load_example()
+paged = load_example("paged_cache.py")
 
 
 def make_config(dtype: str = "float32", **fields) -> CacheConfig:

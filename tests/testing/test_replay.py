@@ -1,12 +1,11 @@
 """`OpLog` records a serving workload, `replay` runs it beside the reference and shrinks a
 divergence by delta debugging (`shrink_ops`), and `numbakv replay` on the command line."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from example_caches import load_example
 
 import numbakv
 from numbakv.cli import main
@@ -21,7 +20,6 @@ from numbakv.testing.replay import replay, shrink_ops
 
 from helpers import tiny_model
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODEL = tiny_model(seed=3)  # layers: global, window 4
 CONFIG = MODEL.config.cache_config(capacity=96, max_width=8, max_seqs=6, initial_cells=8)
 
@@ -354,9 +352,7 @@ def test_a_verb_between_declare_and_prepare_replays_as_declare_and_prepare_ops()
 
 
 def test_a_declaration_surviving_a_verb_is_caught_on_replay_of_the_granular_ops():
-    spec = importlib.util.spec_from_file_location("paged_cache", EXAMPLES / "paged_cache.py")
-    paged = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paged)
+    paged = load_example("paged_cache.py")
     log = OpLog(CellCache(CONFIG))
     a = log.seq_new()
     log.declare_step([a] * 3)

@@ -3,35 +3,24 @@ bugs is caught by a hand-written witness of at most 6 ops (or by direct calls co
 the reference), the correct cache passes every witness and a long random walk that wraps
 round; the kit's default run on it is tests/testing/test_bug_corpus.py's."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from example_caches import (
+    agree,
+    assert_witness,
+    load_example,
+    pending_declaration,
+    scaled_attention,
+    step,
+)
 
 from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError, StepError
+from numbakv.errors import ConfigError
 from numbakv.reference import CellCache
-from numbakv.testing import CacheUnderTest, Divergence, Op, Runner, run_script
-from numbakv.testing.ops import apply, step_inputs
+from numbakv.testing import CacheUnderTest, Op, Runner
+from numbakv.testing.ops import apply
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ring_cache.py"
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("ring_cache", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ring = load_example()
-
-
-class Unchecked(ring.RingCache):
-    """The ring without `check_invariants`: what the protocol alone shows."""
-
-    check_invariants = None
+ring = load_example("ring_cache.py")
 
 
 def make_config(**fields) -> CacheConfig:
@@ -43,10 +32,6 @@ BASE = make_config()
 WINDOWED = make_config(windows=(2,))
 SMALL = make_config(capacity=4)  # a ring short enough to wrap within a few ops
 RING = make_config(n_layers=2, capacity=6, max_width=3, windows=(0, 2), dtype="float16")
-
-
-def step(ids, width=None, group=1, *mode) -> Op:
-    return Op("step", (tuple(ids), width, group, 0, *mode))
 
 
 NEW, ONE = Op("seq_new"), step([0])
@@ -68,41 +53,10 @@ WITNESSES = {  # bug: (config, ops), the bug showing at the last op
 }
 
 
-def pending_declaration(cache) -> object:
-    """declare [a, a, a]; seq_rm(a); seq_new() (a again); prepare_step(): StepError, or
-    the positions it placed."""
-    a = cache.seq_new()
-    cache.declare_step([a, a, a])
-    cache.seq_rm(a)
-    cache.seq_new()
-    try:
-        return cache.prepare_step().positions.tolist()
-    except StepError:
-        return StepError
-
-
-def scaled_attention(cache) -> np.ndarray:
-    """[2, 4, head_dim] float32: attend(0, q, scale=0.25) of a two-token prefill."""
-    a = cache.seq_new()
-    cache.declare_step([a, a])
-    cache.prepare_step()
-    k, v, q = step_inputs(BASE, 2, 2, 7, 0)
-    cache.write(0, k, v)
-    return np.asarray(cache.attend(0, q, scale=0.25))
-
-
 DIRECT = {  # bugs no op script of today's kit can show: a verb between declare and prepare,
     "decl_survives_rm": pending_declaration,  # attend with a scale
     "scale_ignored": scaled_attention,
 }
-
-
-def agree(calls, bugs=frozenset()) -> bool:
-    """Whether `calls` gives the ring (with `bugs`) what it gives the reference."""
-    want, have = calls(CellCache(BASE)), calls(ring.RingCache(BASE, bugs))
-    if isinstance(want, np.ndarray):
-        return bool(np.allclose(want, have, rtol=0, atol=1e-5))
-    return want == have
 
 
 def test_every_planted_bug_has_one_witness():
@@ -147,21 +101,13 @@ def test_the_ring_wraps_round_and_still_holds_to_the_reference():
 
 @pytest.mark.parametrize("bug", sorted(WITNESSES))
 def test_each_op_script_witness_catches_its_bug(bug):
-    config, ops = WITNESSES[bug]
-    assert len(ops) <= 6
-    run_script(ring.RingCache, config, ops)
-    run_script(Unchecked, config, ops)
-    with pytest.raises(Divergence):
-        run_script(lambda c: ring.RingCache(c, frozenset({bug})), config, ops)
-    with pytest.raises(Divergence) as caught:  # seen through the protocol, not the invariants
-        run_script(lambda c: Unchecked(c, frozenset({bug})), config, ops)
-    assert caught.value.index == len(ops) - 1, caught.value
+    assert_witness(ring.RingCache, *WITNESSES[bug], bug)
 
 
 @pytest.mark.parametrize("bug", sorted(DIRECT))
 def test_each_direct_witness_catches_its_bug(bug):
-    assert agree(DIRECT[bug])
-    assert not agree(DIRECT[bug], frozenset({bug}))
+    assert agree(ring.RingCache, BASE, DIRECT[bug])
+    assert not agree(ring.RingCache, BASE, DIRECT[bug], frozenset({bug}))
 
 
 def test_the_ring_places_round_from_its_head_unlike_the_reference():

@@ -3,35 +3,24 @@ each of its planted bugs is caught by a hand-written witness of at most 6 ops (o
 calls compared with the reference) and the correct cache passes every witness; the kit's
 default run on it, bugs and all, is tests/testing/test_bug_corpus.py's."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from example_caches import (
+    agree,
+    assert_witness,
+    attention_unwritten,
+    load_example,
+    pending_declaration,
+    scaled_attention,
+    step,
+)
 
 from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError, StepError
-from numbakv.reference import CellCache
-from numbakv.testing import CacheUnderTest, Divergence, Op, run_script
+from numbakv.errors import ConfigError
+from numbakv.testing import CacheUnderTest, Op
 from numbakv.testing.ops import step_inputs
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slab_cache.py"
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("slab_cache", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-slab = load_example()
-
-
-class Unchecked(slab.SlabCache):
-    """The slab cache without `check_invariants`: what the protocol alone shows."""
-
-    check_invariants = None
+slab = load_example("slab_cache.py")
 
 
 def make_config(**fields) -> CacheConfig:
@@ -42,10 +31,6 @@ def make_config(**fields) -> CacheConfig:
 BASE = make_config()  # slabs of 4 rows: a sequence's 5th position grows its slab
 WINDOWED = make_config(windows=(2,))
 SOLO = make_config(max_seqs=1)  # sequence -1 (a padding row's) is sequence 0
-
-
-def step(ids, width=None, group=1, *mode) -> Op:
-    return Op("step", (tuple(ids), width, group, 0, *mode))
 
 
 NEW, ONE, CLONE = Op("seq_new"), step([0]), Op("seq_clone", (0, None))
@@ -68,52 +53,11 @@ WITNESSES = {  # bug: (config, ops), the bug showing at the last op
 }
 
 
-def pending_declaration(cache) -> object:
-    """declare [a, a, a]; seq_rm(a); seq_new() (a again); prepare_step(): StepError, or
-    the positions it placed."""
-    a = cache.seq_new()
-    cache.declare_step([a, a, a])
-    cache.seq_rm(a)
-    cache.seq_new()
-    try:
-        return cache.prepare_step().positions.tolist()
-    except StepError:
-        return StepError
-
-
-def attention_unwritten(cache) -> object:
-    """attend(0, q) of a prepared step before any write: StepError, or the output."""
-    cache.declare_step([cache.seq_new()])
-    cache.prepare_step()
-    try:
-        return np.asarray(cache.attend(0, step_inputs(BASE, 1, 1, 7, 0)[2]))
-    except StepError:
-        return StepError
-
-
-def scaled_attention(cache) -> np.ndarray:
-    """[2, 4, head_dim] float32: attend(0, q, scale=0.25) of a two-token prefill."""
-    a = cache.seq_new()
-    cache.declare_step([a, a])
-    cache.prepare_step()
-    k, v, q = step_inputs(BASE, 2, 2, 7, 0)
-    cache.write(0, k, v)
-    return np.asarray(cache.attend(0, q, scale=0.25))
-
-
 DIRECT = {  # bugs no op script of today's kit can show: a verb between declare and prepare,
     "decl_survives_rm": pending_declaration,  # attend without write, attend with a scale
     "attend_before_write_accepted": attention_unwritten,
     "scale_ignored": scaled_attention,
 }
-
-
-def agree(calls, bugs=frozenset()) -> bool:
-    """Whether `calls` gives the slab cache (with `bugs`) what it gives the reference."""
-    want, have = calls(CellCache(BASE)), calls(slab.SlabCache(BASE, bugs))
-    if isinstance(want, np.ndarray) and isinstance(have, np.ndarray):
-        return bool(np.allclose(want, have, rtol=0, atol=1e-5))
-    return type(want) is type(have) and want == have
 
 
 def test_every_planted_bug_has_one_witness():
@@ -124,21 +68,13 @@ def test_every_planted_bug_has_one_witness():
 
 @pytest.mark.parametrize("bug", sorted(WITNESSES))
 def test_each_op_script_witness_catches_its_bug(bug):
-    config, ops = WITNESSES[bug]
-    assert len(ops) <= 6
-    run_script(slab.SlabCache, config, ops)
-    run_script(Unchecked, config, ops)
-    with pytest.raises(Divergence):
-        run_script(lambda c: slab.SlabCache(c, frozenset({bug})), config, ops)
-    with pytest.raises(Divergence) as caught:  # seen through the protocol, not the invariants
-        run_script(lambda c: Unchecked(c, frozenset({bug})), config, ops)
-    assert caught.value.index == len(ops) - 1, caught.value
+    assert_witness(slab.SlabCache, *WITNESSES[bug], bug)
 
 
 @pytest.mark.parametrize("bug", sorted(DIRECT))
 def test_each_direct_witness_catches_its_bug(bug):
-    assert agree(DIRECT[bug])
-    assert not agree(DIRECT[bug], frozenset({bug}))
+    assert agree(slab.SlabCache, BASE, DIRECT[bug])
+    assert not agree(slab.SlabCache, BASE, DIRECT[bug], frozenset({bug}))
 
 
 def test_slabs_double_mid_step_and_clones_copy_their_rows():
