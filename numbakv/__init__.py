@@ -20,7 +20,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -30,6 +30,7 @@ _EXPORTS = {
     "DeviceModel": "numbakv.device_model.model",
     "device_info": "numbakv.cache.cuda",
     "CacheConfig": "numbakv.config",
+    "bits_per_value": "numbakv.formats",
     "Snapshot": "numbakv.snapshot",
     "CacheError": "numbakv.errors",
     "ConfigError": "numbakv.errors",

@@ -5,12 +5,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.checks import at_most, int_at_least
+from numbakv.config_formats import (
+    Formats,
+    check_blocks,
+    format_name,
+    resolve_formats,
+    resolve_scales,
+)
 from numbakv.errors import ConfigError
+from numbakv.formats import ARRAY_DTYPES, FORMATS, head_bytes, row_width
 
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")
-# the arrays that hold K/V of each storage dtype: bfloat16 as its 16-bit patterns (the top
-# half of a float32), so that NumPy needs no bfloat16 type
-STORAGE_ARRAYS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+STORAGE_DTYPES = FORMATS  # every storage format (numbakv.formats)
 # How far an attention output may be from the reference's and count as the same: relative to
 # max(1, the largest |value| of its row), by the dtype its arithmetic rounds to. Every numbakv
 # kernel, and the reference, compute in float32 whatever they store, so they are held to the
@@ -18,7 +23,10 @@ STORAGE_ARRAYS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.u
 # rounded to float16 or bfloat16 for its matmuls, as FlashAttention's do) lands near 1 unit
 # of roundoff (4.9e-4 for float16, 3.9e-3 for bfloat16), 4 units inside its entry. float32:
 # 1e-5 is ~170 ulps, room for any summation order, online-softmax rescaling and a fast exp.
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+# The quantized formats are read back as float32 (dequantized), so a kernel that computes in
+# float32 over the same stored bytes is held to the float32 entry.
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2,
+             "q8_0": 1e-5, "q4_0": 1e-5, "fp8_e4m3": 1e-5}  # fmt: skip
 DEFAULT_INITIAL_CELLS = 256
 INT32_MAX = 2**31 - 1  # cells, positions and ids travel as int32
 MAX_LAYERS = 2**16  # far past any model; bounded before `windows` is built
@@ -41,14 +49,25 @@ class CacheConfig:
                     positions; default all global
     initial_cells : rows of the first allocation (it may be larger if a step needs
                     more); default min(256, capacity)
-    dtype         : storage dtype of K and V, "float32", "float16" or "bfloat16"
+    dtype         : storage format of K and V (`numbakv.formats`): "float32", "float16",
+                    "bfloat16", "q8_0", "q4_0" or "fp8_e4m3"
     max_seq_len   : positions one sequence may hold, which bounds the device's
                     position -> cell table [max_seqs, max_seq_len] int32 for gathered
                     attention; default capacity
+    k_dtype, v_dtype : the format of every layer's K (V), default `dtype`
+    layer_dtypes  : per layer None, a format for K and V, or a (K, V) pair of formats,
+                    over k_dtype / v_dtype; e.g. ["float16", "q8_0"] for a sliding layer
+                    in float16 and a global one in q8_0. Resolved: `formats`
+    fp8_scales    : the float32 scales of fp8_e4m3 storage: one real for all, or
+                    [n_layers][2 (K, V)][n_kv_heads]; default 1.0. Fixed by the config
+                    (calibrated offline, as vLLM's k_scale / v_scale): a value is stored
+                    as e4m3(x / scale) and read as e4m3 * scale
 
     Refused (ConfigError, naming the field): a field that is not an integer (bools, floats,
     strings refused) or below its bound; a count past int32; a config whose full pool or
-    fixed buffers (`device_bytes()`) would pass MAX_POOL_BYTES or MAX_FIXED_BYTES.
+    fixed buffers (`device_bytes()`) would pass MAX_POOL_BYTES or MAX_FIXED_BYTES; an
+    unknown format, a layer_dtypes of the wrong length, q8_0 or q4_0 with head_dim not a
+    multiple of 32, an fp8 scale that is not finite and positive.
     """
 
     n_layers: int
@@ -61,6 +80,10 @@ class CacheConfig:
     initial_cells: int | None = None
     dtype: str = "float32"
     max_seq_len: int | None = None
+    k_dtype: str | None = None
+    v_dtype: str | None = None
+    layer_dtypes: tuple | None = None
+    fp8_scales: float | tuple | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "n_kv_heads", "head_dim", "max_seqs", "max_width"):
@@ -76,7 +99,21 @@ class CacheConfig:
             ("max_seq_len", capacity),
         ):
             _set(self, name, _cells_up_to_capacity(name, getattr(self, name), default, capacity))
-        _set(self, "dtype", _dtype(self.dtype))
+        _set(self, "dtype", format_name("dtype", self.dtype))
+        formats = resolve_formats(
+            self.dtype, self.k_dtype, self.v_dtype, self.layer_dtypes, self.n_layers
+        )
+        check_blocks(formats, self.head_dim)
+        for name in ("k_dtype", "v_dtype"):
+            if getattr(self, name) is not None:
+                _set(self, name, format_name(name, getattr(self, name)))
+        if self.layer_dtypes is not None:
+            _set(self, "layer_dtypes", tuple(tuple(e) if isinstance(e, list) else e
+                                             for e in self.layer_dtypes))  # fmt: skip
+        if self.fp8_scales is not None:
+            _set(self, "fp8_scales", resolve_scales(self.fp8_scales, self.n_layers,
+                                                    self.n_kv_heads))  # fmt: skip
+        object.__setattr__(self, "_formats", formats)
         _check_bytes(self)
 
     @property
@@ -90,25 +127,50 @@ class CacheConfig:
         return tuple(sorted(set(self.windows)))
 
     @property
-    def storage_dtype(self) -> np.dtype:
-        """The dtype of the arrays that hold K and V: float32, float16, or uint16 holding
-        bfloat16 bit patterns."""
-        return np.dtype(STORAGE_ARRAYS[self.dtype])
+    def formats(self) -> Formats:
+        """Per layer (K format, V format), resolved from dtype, k_dtype, v_dtype and
+        layer_dtypes."""
+        return self._formats
 
     @property
-    def row_bytes(self) -> int:
-        """Bytes of K plus V that one cell takes in one layer."""
-        return 2 * self.n_kv_heads * self.head_dim * self.storage_dtype.itemsize
+    def uniform_dtype(self) -> str | None:
+        """The one format of every layer's K and V, or None when they differ."""
+        names = {f for pair in self._formats for f in pair}
+        return names.pop() if len(names) == 1 else None
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """The dtype of the arrays of `dtype`: float32, float16, uint16 (bfloat16 bit
+        patterns) or uint8 (q8_0, q4_0, fp8_e4m3 bytes)."""
+        return ARRAY_DTYPES[self.dtype]
+
+    def pool_shape(self, layer: int, which: int, rows: int) -> tuple[int, int, int]:
+        """[rows, n_kv_heads, row width] of layer `layer`'s K (which 0) or V (which 1)."""
+        return rows, self.n_kv_heads, row_width(self._formats[layer][which], self.head_dim)
+
+    def fp8_scale(self, layer: int, which: int) -> np.ndarray:
+        """[n_kv_heads] float32: the fp8 scales of layer `layer`'s K (which 0) or V (1)."""
+        if self.fp8_scales is None:
+            return np.ones(self.n_kv_heads, np.float32)
+        return np.asarray(self.fp8_scales[layer][which], np.float32)
+
+    @property
+    def cell_bytes(self) -> int:
+        """Bytes of K plus V that one cell takes over all layers (block scales included)."""
+        per_head = sum(head_bytes(f, self.head_dim) for pair in self._formats for f in pair)
+        return self.n_kv_heads * per_head
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes the device cache takes, by buffer: "pool" (K and V of every layer at full
-        capacity), the fixed buffers allocated once ("masks": one [max_width, capacity]
+        capacity, in their formats), "fp8_scales" ([n_layers, 2, n_kv_heads] float32), the
+        fixed buffers allocated once ("masks": one [max_width, capacity]
         uint8 per distinct window, "cell_pos", "cell_owners", "seq_cells" [max_seqs,
         max_seq_len] int32, "seq_len", "step": the [4, max(max_width, 2)] int32 step buffer),
         and "total". The decode kernels' split workspace (rows x n_heads x 32 x head_dim
         float32 per query head count, `CellCache.reserve`) is not counted."""
         sizes = {
-            "pool": self.capacity * self.n_layers * self.row_bytes,
+            "pool": self.capacity * self.cell_bytes,
+            "fp8_scales": 4 * self.n_layers * 2 * self.n_kv_heads,
             "masks": len(self.distinct_windows) * self.max_width * self.capacity,
             "cell_pos": 4 * self.capacity,
             "cell_owners": 8 * self.capacity * self.n_owner_words,
@@ -137,7 +199,7 @@ def _check_bytes(config: CacheConfig) -> None:
     fixed = sizes["total"] - sizes["pool"]
     if sizes["pool"] > MAX_POOL_BYTES:
         raise ConfigError(
-            f"a full pool takes {sizes['pool']:,} bytes (capacity x n_layers x row_bytes), more "
+            f"a full pool takes {sizes['pool']:,} bytes (capacity x cell_bytes), more "
             f"than {MAX_POOL_BYTES:,}; lower capacity, n_layers, n_kv_heads or head_dim"
         )
     if fixed > MAX_FIXED_BYTES:
@@ -165,17 +227,3 @@ def _windows(windows, n_layers: int) -> tuple[int, ...]:
             f"windows has {len(windows)} entries but n_layers={n_layers}; give one window per layer"
         )
     return windows
-
-
-def _dtype(dtype) -> str:
-    """A storage dtype's name from its name or anything np.dtype takes ("f4", np.float16,
-    ml_dtypes.bfloat16)."""
-    if isinstance(dtype, str) and dtype in STORAGE_DTYPES:
-        return dtype
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = repr(dtype)
-    if name not in STORAGE_DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not a storage dtype; give one of {STORAGE_DTYPES}")
-    return name

@@ -31,6 +31,13 @@ def softmax_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float3
     return out.reshape(n_heads, head_dim).astype(np.float32)
 
 
+def read_kv(k_pool, v_pool, cells, dtype: str, v_dtype: str | None, scales) -> tuple:
+    """The float32 values [n, n_kv_heads, head_dim] of K and V in `cells`."""
+    k_scales, v_scales = (None, None) if scales is None else scales
+    k = to_float32(k_pool[cells], dtype, k_scales)
+    return k, to_float32(v_pool[cells], dtype if v_dtype is None else v_dtype, v_scales)
+
+
 def attend_cells(
     q: np.ndarray,
     k_pool: np.ndarray,
@@ -38,20 +45,23 @@ def attend_cells(
     mask: np.ndarray,
     scale: np.float32,
     dtype: str = "float32",
+    v_dtype: str | None = None,
+    scales: tuple | None = None,
 ) -> np.ndarray:
     """[width, n_heads, head_dim] float32: each token attends the cells its mask row allows.
 
-    q      : [width, n_heads, head_dim] float32
-    k_pool : [rows, n_kv_heads, head_dim] of storage dtype `dtype`, v_pool the same
-    mask   : [width, read_len] uint8, 1 = attend
+    q       : [width, n_heads, head_dim] float32
+    k_pool  : [rows, n_kv_heads, row_width] of format `dtype` (docs/contract.md §4.1)
+    v_pool  : the same of format `v_dtype` (default `dtype`)
+    mask    : [width, read_len] uint8, 1 = attend
+    scales  : fp8's (K scales, V scales), each [n_kv_heads] float32
 
     Only the attended cells are read, so free or foreign cells may hold anything.
     """
     out = np.zeros(q.shape, dtype=np.float32)
     for t in range(len(mask)):
         cells = np.flatnonzero(mask[t])
-        k = to_float32(k_pool[cells], dtype)
-        v = to_float32(v_pool[cells], dtype)
+        k, v = read_kv(k_pool, v_pool, cells, dtype, v_dtype, scales)
         out[t] = softmax_attend(q[t], k, v, scale)
     return out
 
@@ -66,12 +76,15 @@ def attend_gathered(
     window: int,
     scale: np.float32,
     dtype: str = "float32",
+    v_dtype: str | None = None,
+    scales: tuple | None = None,
 ) -> np.ndarray:
     """[width, n_heads, head_dim] float32: each token attends its own sequence's cells of
     its window, in position order; no [width, read_len] mask.
 
     q         : [width, n_heads, head_dim] float32
-    k_pool    : [rows, n_kv_heads, head_dim] of storage dtype `dtype`, v_pool the same
+    k_pool    : [rows, n_kv_heads, row_width] of format `dtype`, v_pool of `v_dtype`
+                (default `dtype`); scales as in `attend_cells`
     seq_cells : {seq: [pos(seq)] int32}, each sequence of the step's cells in position
                 order (`CellTable.cells_of`)
     seq_ids   : [width] int32, sequence of each token, -1 = padding (gives 0)
@@ -88,8 +101,7 @@ def attend_gathered(
             continue  # padding
         first = max(0, p - window + 1) if window > 0 else 0
         cells = seq_cells[seq][first : p + 1]  # [seen] by position
-        k = to_float32(k_pool[cells], dtype)
-        v = to_float32(v_pool[cells], dtype)
+        k, v = read_kv(k_pool, v_pool, cells, dtype, v_dtype, scales)
         out[t] = softmax_attend(q[t], k, v, scale)
     return out
 

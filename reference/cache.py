@@ -149,7 +149,7 @@ class CellCache(Observable):
     @locked
     def write(self, layer: int, k, v) -> None:
         """Writes the step's K and V rows into their cells of `layer`: rounded to float32,
-        then to the storage dtype (round to nearest even).
+        then stored in the layer's formats (docs/contract.md §4.1).
 
         k, v : [width, n_kv_heads, head_dim], any real float dtype (`checks.host_floats`);
                padded rows are skipped. Both are checked before either is written.
@@ -200,15 +200,17 @@ class CellCache(Observable):
         scale = check_scale(scale, self.config.head_dim)
         q = q.astype(np.float32)
         window = self.config.windows[layer]
-        k, v, dtype = self._pool.k[layer], self._pool.v[layer], self.config.dtype
+        k, v = self._pool.k[layer], self._pool.v[layer]
+        (k_dtype, v_dtype), scales = self.config.formats[layer], self._pool.scales(layer)
+        read = (k_dtype, v_dtype, scales)
         if mode == "masked":
-            return attend_cells(q, k, v, step.mask(window), scale, dtype)
+            return attend_cells(q, k, v, step.mask(window), scale, *read)
         seq_ids, positions = step.seq_ids, step.positions
         if self._seq_cells[0] is not step:  # once per step, as the masks: every layer reads it
             cells = {seq: self._table.cells_of(seq) for seq in set(seq_ids.tolist()) - {-1}}
             self._seq_cells = step, cells
         seq_cells = self._seq_cells[1]
-        return attend_gathered(q, k, v, seq_cells, seq_ids, positions, window, scale, dtype)
+        return attend_gathered(q, k, v, seq_cells, seq_ids, positions, window, scale, *read)
 
     # -- state -----------------------------------------------------------------
 

@@ -26,8 +26,8 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 PARTS = {
     "package": ("numbakv", "numbakv.__main__", "numbakv._checkout", "numbakv._deprecated"),
     "shared": (
-        "numbakv.errors", "numbakv.config", "numbakv.checks", "numbakv.snapshot",
-        "numbakv.observe",
+        "numbakv.errors", "numbakv.config", "numbakv.config_formats", "numbakv.formats",
+        "numbakv.checks", "numbakv.snapshot", "numbakv.observe",
     ),
     "reference": ("numbakv.reference",),
     "cache": ("numbakv.cache",),

@@ -1,5 +1,8 @@
 """CacheConfig validates itself: each bad field gets a ConfigError naming field and bound."""
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 
@@ -90,10 +93,11 @@ def test_owner_words(max_seqs, words):
     assert make(max_seqs=max_seqs).n_owner_words == words
 
 
-def test_row_bytes():
-    assert make(dtype="float16").row_bytes == 2 * 2 * 8 * 2
-    assert make(dtype="bfloat16").row_bytes == 2 * 2 * 8 * 2
-    assert make().row_bytes == 2 * 2 * 8 * 4
+def test_cell_bytes():
+    n_layers = make().n_layers
+    assert make(dtype="float16").cell_bytes == n_layers * 2 * 2 * 8 * 2
+    assert make(dtype="bfloat16").cell_bytes == n_layers * 2 * 2 * 8 * 2
+    assert make().cell_bytes == n_layers * 2 * 2 * 8 * 4
 
 
 def test_bfloat16_is_kept_as_bit_patterns():
@@ -129,3 +133,57 @@ def test_the_step_buffer_has_room_for_the_scalars():
 def test_frozen():
     with pytest.raises(AttributeError):
         make().capacity = 5
+
+
+def test_formats_per_layer_and_per_k_and_v():
+    cfg = make(n_layers=3, head_dim=32, dtype="float16", k_dtype="q8_0",
+               layer_dtypes=[None, "q4_0", ("fp8_e4m3", "bfloat16")])  # fmt: skip
+    assert cfg.formats == (("q8_0", "float16"), ("q4_0", "q4_0"), ("fp8_e4m3", "bfloat16"))
+    assert cfg.uniform_dtype is None and make(head_dim=32, dtype="q8_0").uniform_dtype == "q8_0"
+    assert make(dtype=np.float16).formats == (("float16", "float16"),) * 2
+    assert CacheConfig(**dataclasses.asdict(cfg)) == cfg  # what traces and op logs store
+
+
+def test_bytes_per_cell_count_the_block_scales():
+    per_head = {"float32": 128 * 4, "q8_0": 4 * 34, "q4_0": 4 * 18, "fp8_e4m3": 128}
+    for fmt, n in per_head.items():
+        cfg = make(head_dim=128, dtype=fmt)
+        assert cfg.cell_bytes == 2 * 2 * 2 * n  # layers x K/V x heads
+        assert cfg.device_bytes()["pool"] == cfg.capacity * cfg.cell_bytes
+    mixed = make(head_dim=128, k_dtype="q8_0", v_dtype="q4_0")
+    assert mixed.cell_bytes == 2 * 2 * (4 * 34 + 4 * 18)
+    assert make().device_bytes()["fp8_scales"] == 2 * 2 * 2 * 4
+
+
+def test_fp8_scales_one_or_per_layer_k_v_and_head():
+    assert make(fp8_scales=0.5).fp8_scale(1, 1).tolist() == [0.5, 0.5]
+    scales = [[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]]
+    cfg = make(dtype="fp8_e4m3", fp8_scales=scales)
+    assert cfg.fp8_scale(1, 0).tolist() == [5.0, 6.0] and cfg.fp8_scale(0, 1).dtype == np.float32
+    assert make().fp8_scale(0, 0).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (dict(dtype="q8_0"), "head_dim=8"),
+        (dict(head_dim=48, v_dtype="q4_0"), "head_dim=48"),
+        (dict(layer_dtypes=["float32", ("float16", "q4_0")]), "head_dim=8"),
+        (dict(dtype="int8"), "dtype='int8'"),
+        (dict(k_dtype="q5_1"), "k_dtype='q5_1'"),
+        (dict(layer_dtypes=["float16"]), "n_layers=2"),
+        (dict(layer_dtypes="float16"), "n_layers=2"),
+        (dict(layer_dtypes=[None, ("float16",)]), "layer_dtypes[1]"),
+        (dict(layer_dtypes=[None, ("float16", "fp4")]), "layer_dtypes[1]='fp4'"),
+        (dict(fp8_scales=0.0), "fp8_scales=0.0"),
+        (dict(fp8_scales=float("nan")), "fp8_scales=nan"),
+        (dict(fp8_scales=1e39), "fp8_scales=1e+39"),
+        (dict(fp8_scales=True), "fp8_scales"),
+        (dict(fp8_scales=[[[1.0] * 3] * 2] * 2), "shape (2, 2, 3)"),
+        (dict(fp8_scales=[[[1.0, -1.0]] * 2] * 2), "fp8_scales[0][0][1]=-1.0"),
+        (dict(fp8_scales=[[[1.0, 1.0], [1.0, 1.0]]] * 3), "shape (3, 2, 2)"),
+    ],
+)
+def test_bad_formats_and_scales_are_refused_by_name(fields, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        make(**fields)

@@ -72,7 +72,7 @@ class CellCache(Observable, Inspection, Capture):
                 "CacheConfig.device_bytes()); lower capacity or max_seqs, or max_seq_len"
             ) from error
         self._pool = DevicePool(config, allocator)
-        self._plans = Plans(config, self._pool.kind)
+        self._plans = Plans(config, self._pool.kinds)
         self._declared: np.ndarray | None = None
         self._step: Step | None = None
         self._written: set[int] = set()  # layers written in this step
@@ -235,15 +235,16 @@ class CellCache(Observable, Inspection, Capture):
 
     @locked
     def write(self, layer: int, k, v) -> None:
-        """Writes the step's K and V rows into their cells of `layer`, rounded to the storage
-        dtype (to nearest even), on the step's stream.
+        """Writes the step's K and V rows into their cells of `layer`, in the layer's storage
+        formats, on the step's stream.
 
         k, v : [width, n_kv_heads, head_dim]: host arrays of any real float dtype (rounded to
-               float32 unless both are float32 or both float16), or C-contiguous device
-               arrays (anything with `__cuda_array_interface__`, read in place on the step's
-               stream: the caller orders their producer before it) of float32 or float16,
-               one dtype for both. Both are checked before either is written. Padded rows
-               are skipped.
+               float32 unless both are float32 or both float16), or device arrays (anything
+               with `__cuda_array_interface__`, read in place through their strides on the
+               step's stream: the caller orders their producer before it; the last axis
+               contiguous, e.g. views into a fused QKV output) of float32 or float16, one
+               dtype for both. Stored in the layer's formats (docs/contract.md §4.1).
+               Both are checked before either is written. Padded rows are skipped.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
@@ -254,8 +255,9 @@ class CellCache(Observable, Inspection, Capture):
         k, v = inputs.on_device([k, v], inputs.KV_DTYPES, step.stream, self._in_capture())
         pool = self._pool
         placement.launch_scatter_kv(
-            k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream
-        )
+            k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream,
+            kinds=pool.kinds[layer], kv_scales=pool.scales[layer],
+        )  # fmt: skip
         self._written.add(layer)
 
     @locked
@@ -266,15 +268,17 @@ class CellCache(Observable, Inspection, Capture):
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads (query head h
                 reads KV head h // (n_heads // n_kv_heads)): a host array of any real float
-                dtype (rounded to float32) or a C-contiguous float32 device array
+                dtype (rounded to float32) or a float32 or float16 device array, read in
+                place through its strides (the last axis contiguous)
         scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
                 proportion to what it sees; "masked" sweeps [0, read_len) under the window's
                 mask, written by the step's first masked attend. Both
                 equal the reference's attend.
-        out   : a C-contiguous float32 device array [width, n_heads, head_dim] to write
-                into (a numba view of it is returned); default a new one, allocated on the
-                step's stream, whose `__cuda_array_interface__` names that stream, so
+        out   : a float32 or float16 device array [width, n_heads, head_dim] to write
+                into, strided as q may be (a numba view of it is returned); default a new
+                float32 one, allocated on the step's stream, whose
+                `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
         Rows that see no cell (padding) give 0; NaN and inf in what a token sees give what
         the reference gives. Requires `write(layer, ...)` in this step. The launches are
@@ -294,7 +298,7 @@ class CellCache(Observable, Inspection, Capture):
         out = inputs.output(out, q.shape, step.stream, capturing)
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
         window = self.config.windows[layer]
-        plan = self._plans.plan(mode, step.width, n_heads, window)
+        plan = self._plans.plan(mode, step.width, n_heads, layer)
         b = self._buffers
         if mode == "masked":
             self._write_masks()
@@ -304,9 +308,10 @@ class CellCache(Observable, Inspection, Capture):
         workspace = None
         if plan.is_decode:
             workspace = self._plans.workspace(n_heads, step.stream, capturing)
+        pool = self._pool
         attention.run_attention(
-            plan, q, self._pool.k[layer], self._pool.v[layer], b.step, view, np.float32(scale),
-            out, workspace, step.stream,
+            plan, q, pool.k[layer], pool.v[layer], pool.scales[layer], b.step, view,
+            np.float32(scale), out, workspace, step.stream,
         )  # fmt: skip
         return out
 

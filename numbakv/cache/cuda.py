@@ -30,10 +30,20 @@ if IS_SIMULATOR:
         """The float32 whose bits are int32 `bits`."""
         return np.int32(bits).view(np.float32)
 
+    def mul_rn(x, y):
+        """x * y in float32, rounded once (never fused into an fma on a GPU)."""
+        return np.float32(np.float32(x) * np.float32(y))
+
+    def add_rn(x, y):
+        """x + y in float32, rounded once (never fused into an fma on a GPU)."""
+        return np.float32(np.float32(x) + np.float32(y))
+
 else:  # out of device memory comes as the driver's API error
     from numba.cuda.cudadrv.driver import CudaAPIError
     from numba.cuda.cudadrv.driver import Stream as STREAM_TYPE  # noqa: F401
+    from numba.cuda.libdevice import fadd_rn as add_rn  # noqa: F401
     from numba.cuda.libdevice import float_as_int, int_as_float  # noqa: F401
+    from numba.cuda.libdevice import fmul_rn as mul_rn  # noqa: F401
 
     DRIVER_ERRORS = (CudaAPIError,)
 

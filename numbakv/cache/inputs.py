@@ -1,6 +1,8 @@
 """What `write` and `attend` of the device cache take: any real float array on the host, or a
 device array (anything with `__cuda_array_interface__`) of a dtype the kernels read, taken
-in place without a synchronization; and the `out=` array `attend` writes into."""
+in place without a synchronization and read through its strides (a view of a fused QKV
+projection, a split or a chunk: only the last axis must be contiguous); and the `out=`
+array `attend` writes into, float32 or float16, strided alike."""
 
 import numpy as np
 
@@ -9,7 +11,7 @@ from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
 
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what the scatter kernels read
-Q_DTYPES = (np.dtype(np.float32),)  # what the attention kernels read
+Q_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what attention reads and writes
 
 
 def is_device_array(x) -> bool:
@@ -17,8 +19,8 @@ def is_device_array(x) -> bool:
 
 
 def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
-    """x checked: a device array kept as it is (C-contiguous, one of `dtypes`), or a host
-    array as NumPy (`checks.host_floats`), not yet uploaded."""
+    """x checked: a device array kept as it is (its last axis contiguous, one of `dtypes`),
+    or a host array as NumPy (`checks.host_floats`), not yet uploaded."""
     if not is_device_array(x):
         return host_floats(name, x)
     if not hasattr(x, "copy_to_host"):
@@ -32,10 +34,12 @@ def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
             f"{name} is a device array of {x.dtype}; give one of {[d.name for d in dtypes]} "
             "(host arrays of any float dtype are converted)"
         )
-    if not x.is_c_contiguous():
+    shape, strides = tuple(x.shape), tuple(x.strides)  # the simulator's take no index -1
+    if shape and shape[-1] > 1 and strides[-1] != dtype.itemsize:
         raise StepError(
-            f"{name} is a device array with strides {x.strides}; give a C-contiguous one "
-            "(.contiguous() in torch, cupy.ascontiguousarray)"
+            f"{name} is a device array with strides {x.strides}: its last axis (head_dim) "
+            "must be contiguous, the others may stride; give a view of such an array or "
+            "a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)"
         )
     return x
 
@@ -86,8 +90,9 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = 
 
 
 def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
-    """The float32 device array `attend` writes: `out` checked (a C-contiguous float32
-    device array of `shape`), or a new one allocated on `stream` (not while capturing)."""
+    """The device array `attend` writes: `out` checked (a float32 or float16 device array
+    of `shape`, its last axis contiguous), or a new float32 one allocated on `stream` (not
+    while capturing)."""
     if out is None and capturing:
         raise StepError(
             f"attend() in a captured step needs out= (a float32 device array {list(shape)}): "
@@ -97,8 +102,8 @@ def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
         return cuda.device_array(shape, np.float32, stream=stream)
     if not is_device_array(out):
         raise StepError(
-            f"out is a {type(out).__name__}; give a float32 device array of shape {shape} "
-            "(cuda.device_array) or None"
+            f"out is a {type(out).__name__}; give a float32 or float16 device array of shape "
+            f"{shape} (cuda.device_array) or None"
         )
     out = floats("out", out, Q_DTYPES)
     check_shape("out", out.shape, shape)

@@ -8,6 +8,7 @@ from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
 from numbakv.checks import check_layer
+from numbakv.formats import ARRAY_DTYPES
 from numbakv.observe import locked
 
 
@@ -123,11 +124,14 @@ class Inspection:
 
     @locked
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `layer`'s K and V: [rows, n_kv_heads, head_dim] of the storage
-        dtype (uint16 bit patterns for bfloat16)."""
+        """Host copies of `layer`'s K and V as stored: [rows, n_kv_heads, row_width] in the
+        layer's formats (docs/contract.md §4.1: uint16 bfloat16 patterns, uint8 blocks or
+        bytes); `pool_values` gives what attention reads."""
         layer = check_layer(layer, self.config.n_layers)
         if self._pool.rows == 0:
-            shape = (0, self.config.n_kv_heads, self.config.head_dim)
-            empty = np.zeros(shape, self.config.storage_dtype)
-            return empty, empty.copy()
+            formats = self.config.formats[layer]
+            return tuple(
+                np.zeros(self.config.pool_shape(layer, which, 0), ARRAY_DTYPES[formats[which]])
+                for which in (0, 1)
+            )
         return self._to_host(self._pool.k[layer], self._pool.v[layer])

@@ -1,8 +1,8 @@
 """`Plans`: the device cache's attention plans and decode workspaces, each made once.
 
 A plan depends on the config and the step's width only (`attention.plan_attention`), so a
-cache keeps one per (mode, width, n_heads, window) and every layer of every later step of
-that shape just launches it; the decode kernels' split scratch is one per n_heads.
+cache keeps one per (mode, width, n_heads, window, storage kinds) and every layer of every
+later step of that shape just launches it; the decode kernels' split scratch is one per n_heads.
 """
 
 from numbakv.cache.kernels import attention
@@ -11,18 +11,19 @@ from numbakv.errors import StepError
 
 
 class Plans:
-    """Attention plans by (mode, width, n_heads, window), and workspaces by n_heads."""
+    """Attention plans by (mode, width, n_heads, window, kinds), and workspaces by n_heads."""
 
-    def __init__(self, config: CacheConfig, kind: str):
+    def __init__(self, config: CacheConfig, kinds: list[tuple[str, str]]):
         self.config = config
-        self.kind = kind  # the pool's storage kind: which kernels run
-        self._plans: dict[tuple[str, int, int, int], attention.AttentionPlan] = {}
+        self.kinds = kinds  # per layer the pools' (K kind, V kind): which kernels run
+        self._plans: dict[tuple, attention.AttentionPlan] = {}
         self._workspaces: dict[int, tuple] = {}
 
-    def plan(self, mode: str, width: int, n_heads: int, window: int) -> attention.AttentionPlan:
-        """The plan of steps of this shape; a token reads at most capacity cells (masked) or
-        its window's or max_seq_len's (gathered)."""
-        key = (mode, width, n_heads, window if mode == "gathered" else 0)  # masked: any window
+    def plan(self, mode: str, width: int, n_heads: int, layer: int) -> attention.AttentionPlan:
+        """The plan of `layer` in steps of this shape; a token reads at most capacity cells
+        (masked) or its window's or max_seq_len's (gathered)."""
+        window, kinds = self.config.windows[layer], self.kinds[layer]
+        key = (mode, width, n_heads, window if mode == "gathered" else 0, kinds)
         if key not in self._plans:
             cfg = self.config
             if mode == "masked":
@@ -30,7 +31,7 @@ class Plans:
             else:
                 max_len = attention.gathered_max_len(window, cfg.max_seq_len)
             self._plans[key] = attention.plan_attention(
-                mode, self.kind, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len
+                mode, kinds, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len
             )
         return self._plans[key]
 

@@ -27,7 +27,7 @@ from numbakv.testing.attention import (
     attention_cases,
     check_attention,
 )
-from numbakv.testing.check import DEFAULT_CONFIGS, check_cache
+from numbakv.testing.check import DEFAULT_CONFIGS, QUANTIZED_CONFIGS, check_cache
 from numbakv.testing.coverage import Coverage
 from numbakv.testing.from_trace import trace_ops
 from numbakv.testing.hazards import HAZARDS
@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_CONFIGS",
     "HAZARDS",
     "LAYOUT_FIELDS",
+    "QUANTIZED_CONFIGS",
     "REFUSALS",
     "SEMANTIC_FIELDS",
     "AttentionCase",

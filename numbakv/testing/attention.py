@@ -18,6 +18,9 @@ h // (n_heads // n_kv_heads); `scale` is always passed, not always 1/sqrt(head_d
     window, scale               int, float positions        [n_tokens]                i32
                                            window, scale, block_size     int, float, int
 
+Quantized pools ("q8_0", "q4_0", "fp8_e4m3", docs/contract.md §4.1) are uint8 [..., n_kv,
+row_width] of ggml's blocks or e4m3 bytes (scale 1), held to float32 over their values.
+
 Every pool slot no token of the batch may read is NaN (free cells and pages, the tail of
 each last page, positions before every window), so a kernel that reads one returns NaN and
 fails. Pages and cells lie in random pool order with sequences interleaved; in the cells
@@ -25,112 +28,27 @@ layout tokens may be shuffled and padded rows (seq_id -1) must give 0.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from numbakv.config import TOLERANCE
+from numbakv.formats import ARRAY_DTYPES, row_width
 from numbakv.reference import solo_attention
+from numbakv.reference.storage import to_float32, to_storage
+from numbakv.testing.attention_types import (
+    AttentionCase,
+    AttentionCheckResult,
+    CellsInputs,
+    PagedInputs,
+)
 
 Layout = Literal["cells", "paged"]
 MODES = ("decode", "prefill", "mixed")
 WINDOWS = ("global", "W=1", "W=len", "W=len-1", "W=len+1", "random")
-DTYPES = ("float32", "float16")  # the K/V dtypes of the cases
-
-
-@dataclass(frozen=True)
-class CellsInputs:
-    """One batch for a cell-layout kernel. Token t of sequence s = seq_ids[t] at position
-    p = positions[t] attends the cells seq_cells[s, max(0, p - window + 1) : p + 1]
-    (all of seq_cells[s, : p + 1] for window 0), the cells mask[t] marks.
-
-    q         : [n_tokens, n_heads, head_dim] float32
-    k_pool    : [n_cells, n_kv_heads, head_dim] float32 or float16; v_pool the same
-    seq_cells : [n_seqs, max_len] int32, the cell of each position; -1 from seq_lens[s] on
-                (the pool's last cell is always free, so -1 reads NaN in NumPy)
-    seq_lens  : [n_seqs] int32
-    seq_ids   : [n_tokens] int32, -1 for a padded row (its output must be 0)
-    positions : [n_tokens] int32, -1 for a padded row
-    mask      : [n_tokens, n_cells] uint8, 1 = attend, window applied; all 0 for padding
-    window    : 0 = global, W > 0 = W keys; scale: the softmax scale
-    """
-
-    q: np.ndarray
-    k_pool: np.ndarray
-    v_pool: np.ndarray
-    seq_cells: np.ndarray
-    seq_lens: np.ndarray
-    seq_ids: np.ndarray
-    positions: np.ndarray
-    mask: np.ndarray
-    window: int
-    scale: float
-
-
-@dataclass(frozen=True)
-class PagedInputs:
-    """One batch for a paged (vLLM / FlashInfer) kernel. Sequence s owns the queries
-    q[qo_indptr[s] : qo_indptr[s + 1]], the last positions of its seq_lens[s] keys (decode:
-    one), and the pages kv_indices[kv_indptr[s] : kv_indptr[s + 1]] = the first ones of
-    block_table[s]. Key position i lies at page i // block_size, slot i % block_size.
-
-    q                : [n_tokens, n_heads, head_dim] float32
-    k_cache          : [n_pages, block_size, n_kv_heads, head_dim] float32 or float16;
-                       v_cache the same
-    block_table      : [n_seqs, max_blocks] int32; past a sequence's blocks an unused page
-    seq_lens         : [n_seqs] int32, keys of each sequence
-    kv_indptr        : [n_seqs + 1] int32
-    kv_indices       : [nnz_pages] int32
-    kv_last_page_len : [n_seqs] int32, 1..block_size
-    qo_indptr        : [n_seqs + 1] int32
-    positions        : [n_tokens] int32, each query's position (seq_lens[s] - n_q + i)
-    window           : 0 = global, W > 0 = W keys (FlashInfer's window_left = W - 1)
-    scale, block_size: the softmax scale, the page size
-    """
-
-    q: np.ndarray
-    k_cache: np.ndarray
-    v_cache: np.ndarray
-    block_table: np.ndarray
-    seq_lens: np.ndarray
-    kv_indptr: np.ndarray
-    kv_indices: np.ndarray
-    kv_last_page_len: np.ndarray
-    qo_indptr: np.ndarray
-    positions: np.ndarray
-    window: int
-    scale: float
-    block_size: int
-
-
-@dataclass(frozen=True)
-class AttentionCase:
-    """One workload: the inputs, the oracle's [n_tokens, n_heads, head_dim] float32 output,
-    the absolute tolerance, each token's [n_tokens] int32 sequence and position (-1 for
-    padding), and a description naming the case."""
-
-    index: int
-    inputs: CellsInputs | PagedInputs
-    expected: np.ndarray
-    tolerance: float
-    seq_ids: np.ndarray
-    positions: np.ndarray
-    label: str
-
-
-@dataclass(frozen=True)
-class AttentionCheckResult:
-    """What a passing `check_attention` ran: cases, tokens, and the worst error seen (absolute,
-    and as a fraction of its case's tolerance) with the case it came from."""
-
-    layout: str
-    cases: int
-    tokens: int
-    worst_error: float
-    worst_ratio: float
-    worst_case: str
+ONE = np.ones(1, np.float32)  # fp8's scale, every KV head: a byte is its value
+DTYPES = ("float32", "float16", "q8_0", "q4_0", "fp8_e4m3")  # the K/V dtypes of the cases
 
 
 def _cycle(rng: np.random.Generator, options: Sequence[Any], n: int) -> list[Any]:
@@ -221,16 +139,22 @@ class _World:
     def __init__(self, rng, seq_lens, n_q, window, n_heads, n_kv_heads, head_dim, dtype, scale):
         self.seq_lens, self.n_q, self.window, self.dtype = seq_lens, n_q, window, dtype
         self.scale = scale
-        self.k, self.v, self.q = [], [], []
+        self.k, self.v, self.q, self.stored = [], [], [], []  # stored: (K, V) as the pool holds
         for length, count in zip(seq_lens, n_q, strict=True):
-            k, v = rng.standard_normal((2, length, n_kv_heads, head_dim)).astype(dtype)
+            k, v = rng.standard_normal((2, length, n_kv_heads, head_dim)).astype(np.float32)
             first_read = max(0, length - count - window + 1) if window > 0 else 0
             k[:first_read] = v[:first_read] = np.nan
-            self.k.append(k.astype(np.float32))
-            self.v.append(v.astype(np.float32))
+            self.stored.append(tuple(to_storage(x, dtype, ONE) for x in (k, v)))
+            self.k.append(to_float32(self.stored[-1][0], dtype, ONE))
+            self.v.append(to_float32(self.stored[-1][1], dtype, ONE))
             self.q.append(rng.standard_normal((count, n_heads, head_dim)).astype(np.float32))
         self.vmax = float(max(np.nanmax(np.abs(v)) for v in self.v))  # each has a read key
-        self.slot_shape = (n_kv_heads, head_dim)
+        self.slot_shape = (n_kv_heads, row_width(dtype, head_dim))
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A pool of slots that read NaN: NaN floats, or 0xFF bytes (a NaN scale or e4m3 NaN)."""
+        dtype = ARRAY_DTYPES[self.dtype]
+        return np.full(shape, 0xFF if dtype == np.uint8 else np.nan, dtype=dtype)
 
     def queries(self) -> list[tuple[int, int, np.ndarray]]:
         """(sequence, position, q [n_heads, head_dim]) of every query, sequence-major."""
@@ -246,17 +170,17 @@ def _cells(world: _World, rng: np.random.Generator, block_size: int, n_pad: int)
     total = sum(world.seq_lens)
     n_cells = total + int(rng.integers(1, 8))
     cell_of = rng.permutation(n_cells - 1)[:total].astype(np.int32)  # last cell stays free
-    k_pool = np.full((n_cells, *world.slot_shape), np.nan, dtype=world.dtype)
+    k_pool = world.empty((n_cells, *world.slot_shape))
     v_pool = k_pool.copy()
     seq_cells = np.full((len(world.seq_lens), max(world.seq_lens)), -1, dtype=np.int32)
     for s, own in enumerate(np.split(cell_of, np.cumsum(world.seq_lens)[:-1])):
         seq_cells[s, : len(own)] = own
-        k_pool[own], v_pool[own] = world.k[s], world.v[s]
+        k_pool[own], v_pool[own] = world.stored[s]
     queries = world.queries()
     if rng.random() < 0.5:
         queries = [queries[i] for i in rng.permutation(len(queries))]
     n_heads = world.q[0].shape[1]
-    pad_q = rng.standard_normal((n_pad, n_heads, world.slot_shape[1])).astype(np.float32)
+    pad_q = rng.standard_normal((n_pad, n_heads, world.q[0].shape[2])).astype(np.float32)
     queries += [(-1, -1, pad_q[i]) for i in range(n_pad)]
     mask = np.zeros((len(queries), n_cells), dtype=np.uint8)
     for t, (s, p, _) in enumerate(queries):
@@ -284,7 +208,7 @@ def _paged(world: _World, rng: np.random.Generator, block_size: int, n_pad: int)
     n_pages = used + int(rng.integers(1, 4))
     pages = rng.permutation(n_pages).astype(np.int32)  # pages[:used] in use, shuffled
     shape = (n_pages, block_size, *world.slot_shape)
-    k_cache = np.full(shape, np.nan, dtype=world.dtype)
+    k_cache = world.empty(shape)
     v_cache = k_cache.copy()
     block_table = np.full((len(n_blocks), max(n_blocks) + 1), pages[used], dtype=np.int32)
     kv_indptr = np.concatenate([[0], np.cumsum(n_blocks)]).astype(np.int32)
@@ -292,8 +216,8 @@ def _paged(world: _World, rng: np.random.Generator, block_size: int, n_pad: int)
         own = pages[kv_indptr[s] : kv_indptr[s + 1]]
         block_table[s, : len(own)] = own
         pos = np.arange(length)
-        k_cache[own[pos // block_size], pos % block_size] = world.k[s]
-        v_cache[own[pos // block_size], pos % block_size] = world.v[s]
+        k_cache[own[pos // block_size], pos % block_size] = world.stored[s][0]
+        v_cache[own[pos // block_size], pos % block_size] = world.stored[s][1]
     queries = world.queries()
     seq_lens = np.array(world.seq_lens, dtype=np.int32)
     return PagedInputs(
@@ -364,7 +288,8 @@ def check_attention(
     block_size : page size (paged); the length scale lengths straddle (both layouts)
     head_dim   : fixed for every case; n_heads = ratio * n_kv_heads, n_kv_heads 1 or 2
     gqa        : the n_heads / n_kv_heads ratios to cover
-    dtypes     : K/V storage dtypes to cover, "float32" and/or "float16"
+    dtypes     : K/V storage dtypes to cover, of "float32", "float16", "q8_0", "q4_0" and
+                 "fp8_e4m3" (quantized: head_dim a multiple of 32, pools of bytes)
     modes      : "decode" (one query per sequence), "prefill" (a chunk of consecutive
                  queries ending at the sequence's end), "mixed" (each sequence either)
     padding    : cells only: some cases end with padded rows (seq_id -1), which must give 0

@@ -37,6 +37,20 @@ DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a f
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(0, 5), capacity=72,
                 max_width=8, max_seqs=3, max_seq_len=34, initial_cells=4),
 )  # fmt: skip
+# quantized storage (docs/contract.md §4.1): one format throughout, K and V apart, per layer
+# (a sliding float16 layer beside a global quantized one), fp8 with per-head scales; GQA
+# and growth. Not in the defaults (a cache may store floats only): pass configs=
+QUANTIZED_CONFIGS = tuple(
+    CacheConfig(n_kv_heads=2, head_dim=32, capacity=12, max_width=4, max_seqs=3,
+                initial_cells=4, max_seq_len=10, **fields)
+    for fields in (
+        dict(n_layers=1, dtype="q8_0"),
+        dict(n_layers=1, k_dtype="q4_0", v_dtype="q8_0", windows=(3,)),
+        dict(n_layers=2, dtype="fp8_e4m3", fp8_scales=[[[0.5, 2.0], [1.5, 0.25]]] * 2,
+             windows=(0, 2)),
+        dict(n_layers=2, layer_dtypes=("float16", ("q8_0", "fp8_e4m3")), windows=(2, 0)),
+    )
+)  # fmt: skip
 DEFAULT_SEED = 0  # the seed of seed=None: the same workloads every run
 
 
@@ -64,7 +78,8 @@ def check_cache(
     configs      : the configs to run (default DEFAULT_CONFIGS: GQA, windows at and
                    around the history, float32 and float16, growth, full caches, one of
                    sequences up to 34 positions); give your own for your block size, your
-                   head counts, longer sequences or a larger pool
+                   head counts, longer sequences or a larger pool; QUANTIZED_CONFIGS
+                   for q8_0, q4_0 and fp8_e4m3 storage (compare="table" holds their bytes)
     hazards      : first run every hazard scenario (`HAZARDS`) on every config; or the
                    names of those to run (False: none)
     kinds        : the kinds of op run (`workloads.KINDS`, default all): hazard scripts

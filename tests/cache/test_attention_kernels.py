@@ -198,13 +198,15 @@ def test_launchers_pick_the_kernel_by_shape(final, monkeypatch):
             ran.append(self.name)
             return self.original[config]
 
-    spied = {
-        (mode, kind): tuple(
+    original = attention_launch.kernels
+
+    def spied(mode, k_kind, v_kind):  # (decode, prefill), each a Spy
+        pair = original(mode, k_kind, v_kind)
+        return tuple(
             Spy(f"attend_{mode}_{shape}", k) for shape, k in zip(SHAPES, pair, strict=True)
         )
-        for (mode, kind), pair in attention_launch.KERNELS.items()  # (decode, prefill)
-    }
-    monkeypatch.setattr(attention_launch, "KERNELS", spied)
+
+    monkeypatch.setattr(attention_launch, "kernels", spied)
     for layer in range(2):
         check(case, layer, run_masked(case, layer))
         check(case, layer, run_gathered(case, layer))
@@ -444,11 +446,11 @@ def test_plans_depend_on_the_shape_only():
     # from max_len, and the merge over width x n_heads x head_dim
     plan = plan_attention("masked", "float", 3, 4, 2, 16, 4096, kernel="decode", n_splits=5)
     assert isinstance(plan, AttentionPlan) and plan.is_decode and plan.n_splits == 5
-    assert plan.kernel is attention_launch.KERNELS["masked", "float"][0]
+    assert plan.kernel is attention_launch.kernels("masked", "float", "float")[0]
     assert plan.merge_threads > 0 and plan.merge_grid
     prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill")
     assert not prefill.is_decode and prefill.n_splits == 0
-    assert prefill.kernel is attention_launch.KERNELS["gathered", "bfloat16"][1]
+    assert prefill.kernel is attention_launch.kernels("gathered", "bfloat16", "bfloat16")[1]
     default = plan_attention("gathered", "float", 2, 4, 2, 16, 1 << 20, kernel="decode")
     assert default.n_splits == choose_splits(1 << 20, 2 * 2)  # width x head blocks
     short = plan_attention("masked", "float", 2, 4, 2, 16, MIN_SPLIT_CELLS - 1, kernel="decode")
@@ -483,7 +485,19 @@ def test_one_plan_serves_steps_of_any_read_len_and_positions(kernel):
         }  # fmt: skip
         for mode, (plan, view, launcher, args) in runs.items():
             out_d, expect_d = (to_d(np.full((width, n_heads, head_dim), SENTINEL)) for _ in "oe")
-            run_attention(plan, q, k, v, step_d, view, scale, out_d, workspace, 0)
+            run_attention(
+                plan,
+                q,
+                k,
+                v,
+                to_d(np.ones((2, 2), np.float32)),
+                step_d,
+                view,
+                scale,
+                out_d,
+                workspace,
+                0,
+            )
             launcher(q, k, v, *args, scale, expect_d, kernel=kernel)
             got, expect = out_d.copy_to_host(), expect_d.copy_to_host()
             np.testing.assert_array_equal(got, expect, err_msg=f"{mode} read_len={read_len}")

@@ -117,7 +117,7 @@ def test_attend_writes_into_out_and_returns_it():
     [
         (lambda: np.zeros((3, 1, 4), np.float32), "out is a ndarray"),
         (lambda: cuda.device_array((2, 1, 4), np.float32), r"out has shape \(2, 1, 4\)"),
-        (lambda: cuda.device_array((3, 1, 4), np.float16), "float16"),
+        (lambda: cuda.device_array((3, 1, 4), np.float64), "float64"),
         (lambda: cuda.device_array((3, 4, 1), np.float32).T.T[:, :, :1], "shape"),
         (lambda: cuda.device_array((4, 3, 1), np.float32).T, "strides"),
     ],

@@ -24,13 +24,31 @@ import numbakv
 CCS = [(8, 0), (9, 0)]
 ATTENTION = "numbakv.cache.kernels.attention"
 MERGE = f"{ATTENTION}.merge.merge_splits"
-# attention kernel -> the pool dtypes it compiles for (bfloat16 pools hold uint16 patterns)
+# (K kind, V kind) -> the (K pool, V pool) dtypes its kernels compile for (bfloat16 pools
+# hold uint16 patterns, quantized pools bytes): every kind as K and as V
+POOL_DTYPES = {"float": ("float32", "float16"), "bfloat16": ("uint16",), "q8_0": ("uint8",),
+               "q4_0": ("uint8",), "fp8_e4m3": ("uint8",)}  # fmt: skip
+PAIRS = [(k, k) for k in POOL_DTYPES]
+
+
+def suffix(k_kind: str, v_kind: str) -> str:
+    short = {"float": "", "bfloat16": "_bf16"}
+    return short.get(k_kind, f"_{k_kind}") if k_kind == v_kind else f"_{k_kind}_{v_kind}"
+
+
+def pool_pairs(k_kind: str, v_kind: str) -> set[tuple[str, str]]:
+    k, v = POOL_DTYPES[k_kind], POOL_DTYPES[v_kind]
+    return set(zip(k, v * 2, strict=False))
+
+
+# attention kernel -> the (K pool, V pool) dtypes it compiles for
 ATTENTION_POOLS = {
-    f"{ATTENTION}.{shape}.attend_{mode}_{shape}{suffix}": pools
+    f"{ATTENTION}.{shape}.attend_{mode}_{shape}{suffix(*pair)}": pool_pairs(*pair)
     for shape in ("decode", "prefill")
     for mode in ("masked", "gathered")
-    for suffix, pools in (("", {"float32", "float16"}), ("_bf16", {"uint16"}))
+    for pair in PAIRS
 }
+SCATTERS = {f"scatter_kv{suffix(*pair)}": pool_pairs(*pair) for pair in PAIRS}
 ATTENTION_KERNELS = {*ATTENTION_POOLS, MERGE}
 SMEM_LIMIT = 48 * 1024  # static shared memory per block
 DEVICE_MODEL = "numbakv.device_model.kernels"
@@ -39,8 +57,7 @@ DEVICE_MODEL_KERNELS = {
     for name in ("embed", "qkv_rotary", "residual_matmul", "swiglu", "lm_head")
 }
 KERNELS = {
-    "numbakv.cache.kernels.placement.scatter_kv",
-    "numbakv.cache.kernels.placement.scatter_kv_bf16",
+    *(f"numbakv.cache.kernels.placement.{name}" for name in SCATTERS),
     "numbakv.cache.kernels.placement.prepare_tokens",
     "numbakv.cache.kernels.verbs.add_owner",
     "numbakv.cache.kernels.verbs.drop_owner",
@@ -146,20 +163,18 @@ def test_ptx_has_no_float64(compiled):
     assert not any(f64.values()), {k: v for k, v in f64.items() if v}
 
 
-@pytest.mark.parametrize(
-    ("name", "pools"), [("scatter_kv", ("float32", "float16")), ("scatter_kv_bf16", ("uint16",))]
-)
-def test_scatter_kv_compiles_every_dtype_pair(compiled, name, pools):
+@pytest.mark.parametrize("name", sorted(SCATTERS))
+def test_scatter_kv_compiles_every_dtype_pair(compiled, name):
     sigs = {r["sig"] for r in compiled[f"numbakv.cache.kernels.placement.{name}"]}
     dtypes = [re.findall(r"((?:float|uint)\d+)\[", sig) for sig in sigs]  # k, v, pools
-    pairs = {(f[0], f[2]) for f in dtypes if f[0] == f[1] and f[2] == f[3]}
-    assert pairs == {(x, s) for x in ("float32", "float16") for s in pools}
+    pairs = {(f[0], f[2], f[3]) for f in dtypes if f[0] == f[1]}
+    assert pairs == {(x, *pools) for x in ("float32", "float16") for pools in SCATTERS[name]}
 
 
 def test_attention_kernels_compile_for_every_storage_dtype(compiled):
     for name, expected in ATTENTION_POOLS.items():
         sigs = [r["sig"] for r in compiled[name]]
-        pools = {re.findall(r"((?:float|uint)\d+)\[", sig)[1] for sig in sigs}  # q, k_pool
+        pools = {tuple(re.findall(r"((?:float|uint)\d+)\[", sig)[1:3]) for sig in sigs}
         assert pools == expected, (name, pools)
         assert not [r for r in compiled[name] if r["error"] or r["f64"]]
 

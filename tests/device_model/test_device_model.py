@@ -255,3 +255,17 @@ def test_arguments_that_are_not_a_model_and_a_cache_config_are_refused():
         DeviceModel(model.weights, model.config.cache_config(**CACHE))
     with pytest.raises(ConfigError, match="CacheConfig"):
         DeviceModel(model, CACHE)
+
+
+def test_logits_match_over_quantized_caches():
+    """K q8_0 / V q4_0 in the global layer, fp8 in the sliding one: the device model reads
+    the same dequantized K/V as the NumPy model on the reference, so the same logits."""
+    config = ModelConfig(d_model=16, n_heads=2, n_kv_heads=1, head_dim=32, d_ff=32,
+                         windows=(0, 3), vocab_size=VOCAB)  # fmt: skip
+    pair = Pair(Model.from_seed(config, 2), layer_dtypes=(("q8_0", "q4_0"), "fp8_e4m3"),
+                fp8_scales=0.25)  # fmt: skip
+    rng = np.random.default_rng(3)
+    a = pair.verb("seq_new")
+    pair.forward([a] * 5, rng.integers(0, VOCAB, 5), [4])
+    b = pair.verb("seq_clone", a, 4)
+    pair.forward([a, b], rng.integers(0, VOCAB, 2), [0, 1])

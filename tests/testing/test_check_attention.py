@@ -1,8 +1,10 @@
 """`numbakv.testing.check_attention` on NumPy kernels written as a user would: a correct paged
 and a correct cell-layout attention pass, planted bugs fail with the worst token named."""
 
+import dataclasses
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -205,3 +207,47 @@ def test_bad_arguments_are_refused():
         check_attention(paged_attention, layout="ring")
     with pytest.raises(ValueError, match="bfloat16"):
         check_attention(paged_attention, layout="paged", dtypes=("bfloat16",))
+
+
+def dequantized(fn, fmt: str, bug: str | None = None):
+    """`fn` over float pools made from the quantized pools it is handed, by a dequantizer
+    written here as a user would (ggml's block layout); bug "nibbles": q4_0 read as
+    adjacent pairs, "q8_signed": q8_0 codes read unsigned."""
+
+    def values(pool: np.ndarray) -> np.ndarray:
+        lead, width = pool.shape[:-1], pool.shape[-1]
+        if fmt == "fp8_e4m3":
+            return pool.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        size = 34 if fmt == "q8_0" else 18
+        blocks = pool.reshape(*lead, width // size, size)
+        d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
+        if fmt == "q8_0":
+            codes = blocks[..., 2:].astype(np.float32) if bug == "q8_signed" else (
+                blocks[..., 2:].view(np.int8).astype(np.float32))  # fmt: skip
+        else:
+            low, high = blocks[..., 2:] & 15, blocks[..., 2:] >> 4
+            pairs = np.stack([low, high], axis=-1).reshape(*low.shape[:-1], 32)
+            codes = (pairs if bug == "nibbles" else np.concatenate([low, high], axis=-1)) - 8.0
+        return (codes * d).reshape(*lead, -1).astype(np.float32)
+
+    def kernel(x):
+        names = ("k_pool", "v_pool") if isinstance(x, CellsInputs) else ("k_cache", "v_cache")
+        return fn(dataclasses.replace(x, **{n: values(getattr(x, n)) for n in names}))
+
+    return kernel
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "fp8_e4m3"])
+@pytest.mark.parametrize("layout", ["cells", "paged"])
+def test_quantized_pools_are_held_to_float32_over_their_values(fmt, layout):
+    fn = cells_attention if layout == "cells" else paged_attention
+    options = dict(layout=layout, n_cases=12, block_size=4, dtypes=(fmt,))
+    result = check_attention(dequantized(fn, fmt), **options)
+    assert result.worst_ratio <= 1
+    case = attention_cases(**options)[0]
+    pool = case.inputs.k_pool if layout == "cells" else case.inputs.k_cache
+    assert pool.dtype == np.uint8 and pool.shape[-1] == {"q8_0": 34, "q4_0": 18}.get(fmt, 32)
+    bug = {"q8_0": "q8_signed", "q4_0": "nibbles"}.get(fmt)
+    if bug:
+        with pytest.raises(AssertionError, match="case"):
+            check_attention(dequantized(fn, fmt, bug), **options)

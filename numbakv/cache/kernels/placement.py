@@ -9,71 +9,113 @@ rows (cell -1) are skipped, and nothing else is read or written.
 import numpy as np
 
 from numbakv.cache.cuda import cuda
-from numbakv.cache.kernels import kernel, owner_bit
+from numbakv.cache.kernels import device_function, kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
+from numbakv.cache.kernels.quant import BLOCK, e4m3_bits, store_q4_0, store_q8_0
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, STEP, WIDTH
-from numbakv.cache.kernels.storage import (
-    BFLOAT16_STORAGE,
-    FLOAT_STORAGE,
-    kind,
-    narrow_bfloat16,
-)
+from numbakv.cache.kernels.storage import FLOAT_STORAGE, KINDS, kind_of_dtype, narrow_bfloat16
 
 FLOATS = FLOAT_STORAGE  # the step's K/V dtypes: the float storage dtypes
+KV_SCALES = "float32[:, ::1]"  # [2 (K, V), n_kv_heads]: fp8 scales of the layer
+# (K kind, V kind) pairs made at import, which the suite compiles to PTX: each kind as K and as
+# V (the K and the V code of a kernel are independent branches, so a mixed pair, made on
+# first use, compiles what these do)
+PAIRS = tuple((k, k) for k in KINDS)
 
 
-def scatter_signatures(storage: tuple[str, ...]) -> list[str]:
-    """Every (input dtype, storage dtype) pair: k, v, k_pool, v_pool, step."""
+def scatter_signatures(k_kind: str, v_kind: str) -> list[str]:
+    """Every (input dtype, K pool dtype, V pool dtype): k, v, k_pool, v_pool, kv_scales, step."""
     return [
-        f"void({x}[:, :, ::1], {x}[:, :, ::1], {s}[:, :, ::1], {s}[:, :, ::1], {STEP})"
+        f"void({x}[:, :, ::1], {x}[:, :, ::1], {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, "
+        f"{STEP})"
         for x in FLOATS
-        for s in storage
+        for ks, vs in zip(KINDS[k_kind][1], KINDS[v_kind][1] * 2, strict=False)
     ]
 
 
-SCATTER_KV_SIGNATURES = scatter_signatures(FLOAT_STORAGE)
 # step, cell_pos, cell_owners, seq_cells, seq_len
 PREPARE_TOKENS_SIGNATURES = [f"void({STEP}, int32[::1], uint64[:, ::1], int32[:, ::1], int32[::1])"]
 
 
-def make_scatter(is_bfloat16):
-    """The scatter kernel of float pools (the store casts) or of bfloat16 pools (rounded by
-    `storage.narrow_bfloat16`): a closure constant, so the compiler keeps one branch."""
+def make_store(kind: str):
+    """The device function that stores one of K or V of the step in pool format `kind`,
+    over the whole grid: per (t, h, d) for element formats, per (t, h, block) for q8_0 and
+    q4_0 (a block's scale needs its 32 values). A closure constant picks the branch."""
+    code = KINDS[kind][0]
 
-    def scatter_kv(k, v, k_pool, v_pool, step):
-        """Copies K and V of each token t < width into pool row cells[t], rounded to the
-        storage dtype (to nearest even); skips cells[t] < 0."""
-        # k, v: [>= width, n_kv_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
-        # step: [4, columns] int32; one item per (t, h, d), d fastest, so stores coalesce
-        head_dim = k_pool.shape[2]
-        row = k_pool.shape[1] * head_dim
+    def store(src, pool, scales, which, step, width):
+        # src: [>= width, n_kv_heads, head_dim]  pool: [rows, n_kv_heads, row_width]
+        # scales: [2, n_kv_heads] float32 (fp8 only)
+        n_kv_heads, head_dim = src.shape[1], src.shape[2]
+        per_head = head_dim // BLOCK if code == 2 or code == 3 else head_dim
+        row = n_kv_heads * per_head
+        for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
+            t = i // row
+            cell = step[CELLS, t]
+            if cell >= 0:
+                j = i - t * row
+                h = j // per_head
+                d = j - h * per_head
+                if code == 0:  # the cast rounds to nearest even, like astype
+                    pool[cell, h, d] = src[t, h, d]
+                elif code == 1:
+                    pool[cell, h, d] = narrow_bfloat16(src[t, h, d])
+                elif code == 2:
+                    store_q8_0(src, pool, t, cell, h, d)
+                elif code == 3:
+                    store_q4_0(src, pool, t, cell, h, d)
+                else:
+                    x = np.float32(src[t, h, d]) / scales[which, h]
+                    pool[cell, h, d] = np.uint8(e4m3_bits(x))
+
+    return device_function(store)
+
+
+def make_scatter(k_kind: str, v_kind: str):
+    """The scatter kernel of pools of (k_kind, v_kind) (`storage.KINDS`)."""
+    store_k, store_v = make_store(k_kind), make_store(v_kind)
+
+    def scatter_kv(k, v, k_pool, v_pool, kv_scales, step):
+        """Stores K and V of each token t < width into pool row cells[t], in the pools'
+        formats; skips cells[t] < 0."""
+        # k, v: [>= width, n_kv_heads, head_dim]  step: [4, columns] int32; one item per
+        # (t, h, d) or (t, h, block), d fastest, so stores coalesce
         width = min(
             step[SCALARS, WIDTH],
             np.int32(k.shape[0]),
             np.int32(v.shape[0]),
             np.int32(step.shape[1]),
         )
-        for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
-            t = i // row
-            cell = step[CELLS, t]
-            if cell >= 0:
-                j = i - t * row
-                h = j // head_dim
-                d = j - h * head_dim
-                if is_bfloat16:
-                    k_pool[cell, h, d] = narrow_bfloat16(k[t, h, d])
-                    v_pool[cell, h, d] = narrow_bfloat16(v[t, h, d])
-                else:  # the cast rounds to nearest even, like astype
-                    k_pool[cell, h, d] = k[t, h, d]
-                    v_pool[cell, h, d] = v[t, h, d]
+        store_k(k, k_pool, kv_scales, 0, step, width)
+        store_v(v, v_pool, kv_scales, 1, step, width)
 
     return scatter_kv
 
 
-scatter_kv = kernel(SCATTER_KV_SIGNATURES, name="scatter_kv")(make_scatter(False))
-scatter_kv_bf16 = kernel(scatter_signatures(BFLOAT16_STORAGE), name="scatter_kv_bf16")(
-    make_scatter(True)
-)
+def kind_name(k_kind: str, v_kind: str) -> str:
+    """A kernel's suffix for its pools' kinds: "" for float pools, "_bf16", "_q8_0",
+    "_q8_0_q4_0" (K, V)."""
+    short = {"float": "", "bfloat16": "_bf16"}
+    if k_kind == v_kind:
+        return short.get(k_kind, f"_{k_kind}")
+    return f"_{k_kind}_{v_kind}"
+
+
+SCATTERS: dict[tuple[str, str], object] = {}
+
+
+def scatter_kernel(k_kind: str, v_kind: str):
+    """The scatter kernel of (k_kind, v_kind), made (and registered for PTX) on first use."""
+    if (k_kind, v_kind) not in SCATTERS:
+        name = f"scatter_kv{kind_name(k_kind, v_kind)}"
+        SCATTERS[k_kind, v_kind] = kernel(scatter_signatures(k_kind, v_kind), name=name)(
+            make_scatter(k_kind, v_kind)
+        )
+    return SCATTERS[k_kind, v_kind]
+
+
+for _pair in PAIRS:
+    scatter_kernel(*_pair)
 
 
 @kernel(PREPARE_TOKENS_SIGNATURES)
@@ -95,25 +137,32 @@ def prepare_tokens(step, cell_pos, cell_owners, seq_cells, seq_len):
             cuda.atomic.max(seq_len, seq, p + 1)
 
 
-def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0) -> None:
+def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0, *, kinds=None,
+                      kv_scales=None) -> None:  # fmt: skip
     """Writes the step's K and V rows into `pool[cells[t]]` for t < width, skipping cells -1.
 
     k, v           : device array, shape [>= width, n_kv_heads, head_dim], float32 or float16
                      (both the same)
-    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32, float16 or
-                     uint16 (bfloat16 bit patterns); values are rounded to this storage dtype
-                     (to nearest even)
+    k_pool, v_pool : device array, shape [rows, n_kv_heads, row_width] (docs/contract.md
+                     §4.1): float32, float16, uint16 (bfloat16 bit patterns) or uint8
+                     (quantized); values are stored in each pool's format
     step           : device array, the step buffer [4, columns] int32 (`step_buffer`): cells
                      each in [-1, rows), its width = `width`
     width          : the step's width (the grid's size; the kernel reads the buffer's)
+    kinds          : (K kind, V kind) of `storage.KINDS`, default from the pools' dtypes
+                     (which uint8 pools do not say)
+    kv_scales      : device array [2, n_kv_heads] float32, fp8's K and V scales (default
+                     ones: needed only for fp8 pools)
     """
     check_extent("width", width, step.shape[1], len(k), len(v))
-    n_items = width * k_pool.shape[1] * k_pool.shape[2]
+    n_items = width * k.shape[1] * k.shape[2]
     if n_items == 0:
         return
+    kinds = kinds or (kind_of_dtype(k_pool.dtype), kind_of_dtype(v_pool.dtype))
+    if kv_scales is None:
+        kv_scales = cuda.to_device(np.ones((2, k.shape[1]), np.float32), stream=stream)
     grid, threads = launch_dims(n_items)
-    scatter = scatter_kv_bf16 if kind(k_pool.dtype) == "bfloat16" else scatter_kv
-    launch(scatter, grid, threads, stream, k, v, k_pool, v_pool, step)
+    launch(scatter_kernel(*kinds), grid, threads, stream, k, v, k_pool, v_pool, kv_scales, step)
 
 
 def launch_prepare_tokens(

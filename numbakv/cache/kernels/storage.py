@@ -1,23 +1,43 @@
-"""The storage dtypes in kernels: float32 and float16 cast as NumPy does; bfloat16 kept as
+"""The storage formats in kernels: float32 and float16 cast as NumPy does; bfloat16 kept as
 its 16-bit pattern (uint16, the top half of a float32) and widened or rounded by bit
-arithmetic, which runs the same on the simulator and on every GPU.
+arithmetic, which runs the same on the simulator and on every GPU; q8_0, q4_0 and fp8_e4m3
+as bytes (`quant`).
 """
 
 import numpy as np
 
 from numbakv.cache.cuda import float_as_int
-from numbakv.cache.kernels import device_function
+from numbakv.cache.kernels import device_function, quant
 
 FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast
 BFLOAT16_STORAGE = ("uint16",)  # pools of bfloat16 bit patterns
-STORAGE = FLOAT_STORAGE + BFLOAT16_STORAGE  # every pool dtype the kernels compile for
+BYTE_STORAGE = ("uint8",)  # pools of quantized bytes (q8_0, q4_0, fp8_e4m3)
+STORAGE = FLOAT_STORAGE + BFLOAT16_STORAGE + BYTE_STORAGE  # every pool dtype of the kernels
 QUIET_NAN = np.int32(0x7FC0)  # the one NaN a bfloat16 pool holds (with the input's sign)
 SIGN = np.int32(0x8000)
+# storage kind -> (its code in kernels, its pool dtypes); the kernels compile once per kind
+KINDS = {
+    "float": (0, FLOAT_STORAGE),
+    "bfloat16": (1, BFLOAT16_STORAGE),
+    "q8_0": (quant.Q8_0, BYTE_STORAGE),
+    "q4_0": (quant.Q4_0, BYTE_STORAGE),
+    "fp8_e4m3": (quant.FP8, BYTE_STORAGE),
+}
 
 
-def kind(pool_dtype) -> str:
-    """Which kernels a pool takes: "bfloat16" for bit patterns (uint16), else "float"."""
-    return "bfloat16" if np.dtype(pool_dtype).name in BFLOAT16_STORAGE else "float"
+def kind(fmt: str) -> str:
+    """Which kernels a pool of format `fmt` (numbakv.formats) takes: "float" for float32
+    and float16, else the format itself."""
+    return "float" if fmt in FLOAT_STORAGE else fmt
+
+
+def kind_of_dtype(pool_dtype) -> str:
+    """The kind of a float or bfloat16 pool from its dtype; ValueError for uint8 pools,
+    whose format the dtype does not say."""
+    name = np.dtype(pool_dtype).name
+    if name in BYTE_STORAGE:
+        raise ValueError("a uint8 pool is q8_0, q4_0 or fp8_e4m3: pass kinds=(k, v)")
+    return "bfloat16" if name in BFLOAT16_STORAGE else "float"
 
 
 @device_function

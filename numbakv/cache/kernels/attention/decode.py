@@ -28,14 +28,17 @@ from numbakv.cache.kernels.attention.tiles import (
     Q,
     T,
 )
+from numbakv.cache.kernels.placement import KV_SCALES
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
 
-def signatures(view: str, storage: tuple[str, ...]) -> list[str]:
-    """q, k_pool, v_pool, step, view, scale, n_splits, part_acc, part_m, part_l; per storage."""
+def signatures(view: str, pools: list[tuple[str, str]]) -> list[str]:
+    """q, k_pool, v_pool, kv_scales, step, view, scale, n_splits, part_acc, part_m, part_l;
+    per (K pool dtype, V pool dtype)."""
     return [
-        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {STEP}, {view}, float32, int32, {PARTIALS})"
-        for s in storage
+        f"void({Q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, "
+        f"int32, {PARTIALS})"
+        for ks, vs in pools
     ]
 
 
@@ -43,7 +46,9 @@ def make_decode(token, flags, load_tile):
     """The decode kernel over the view that `token` and `flags` read (see `views`), for the
     storage kind `load_tile` reads (`tiles.make_load_tile`)."""
 
-    def attend_decode(q, k_pool, v_pool, step, view, scale, n_splits, part_acc, part_m, part_l):
+    def attend_decode(
+        q, k_pool, v_pool, kv_scales, step, view, scale, n_splits, part_acc, part_m, part_l
+    ):
         """Partial attention of one token over one split of the cells it sees, per block."""
         # q: [>= width, n_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
         # part_acc: [>= width, n_heads, >= n_splits, head_dim]
@@ -59,7 +64,7 @@ def make_decode(token, flags, load_tile):
         l_s = cuda.shared.array(DECODE_ROWS, np.float32)
         alpha_s = cuda.shared.array(DECODE_ROWS, np.float32)
         tok_s = cuda.shared.array((TOKEN_ROWS, 1), np.int32)
-        head_dim = k_pool.shape[2]
+        head_dim = q.shape[2]
         group = q.shape[1] // k_pool.shape[1]
         n_hb = min(group, DECODE_ROWS)
         n_head_blocks = tiles.n_head_blocks(q.shape[1], k_pool.shape[1], n_hb)
@@ -87,7 +92,9 @@ def make_decode(token, flags, load_tile):
                         )
                         for j0 in range(start, end, DECODE_TILE):
                             if flags(view, ok_s, cell_s, tok_s, 1, key, j0, k_pool.shape[0]):
-                                load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim)
+                                load_tile(
+                                    k_s, v_s, cell_s, k_pool, v_pool, kv_scales, kv_head, head_dim
+                                )
                                 tiles.tile_update(
                                     q_s, acc_s, k_s, v_s, s_s, ok_s, m_s, l_s, alpha_s,
                                     n_rows, n_rows, head_dim, scale,
@@ -100,5 +107,5 @@ def make_decode(token, flags, load_tile):
     return attend_decode
 
 
-# (mode, storage kind) -> kernel, e.g. KERNELS["gathered", "bfloat16"]
+# (mode, K kind, V kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
 KERNELS = views.build(make_decode, signatures, "decode")

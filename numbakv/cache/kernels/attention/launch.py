@@ -41,13 +41,16 @@ from numbakv.cache.kernels.launch import (
     launch_dims,
     n_sms,
 )
+from numbakv.formats import row_width
 
 DECODE_MAX_WIDTH = 8  # steps up to this width run the decode (split) kernels
 MAX_SPLITS = 32  # splits per token, at most
 SPLIT_TARGET_BLOCKS_PER_SM = 4  # decode blocks wanted per multiprocessor
 
-# (mode, storage kind) -> (decode kernel, prefill kernel)
-KERNELS = {key: (decode.KERNELS[key], prefill.KERNELS[key]) for key in decode.KERNELS}
+
+def kernels(mode: str, k_kind: str, v_kind: str) -> tuple:
+    """(decode kernel, prefill kernel) of `mode` over pools of (k_kind, v_kind)."""
+    return decode.KERNELS(mode, k_kind, v_kind), prefill.KERNELS(mode, k_kind, v_kind)
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,14 @@ def plan_attention(
     mode: str, kind: str, width: int, n_heads: int, n_kv_heads: int, head_dim: int,
     max_len: int, *, kernel: str | None = None, n_splits: int | None = None,
 ) -> AttentionPlan:  # fmt: skip
-    """The plan of `mode` ("masked" or "gathered") over pools of storage `kind` ("float",
-    "bfloat16") for steps of `width` tokens; `max_len` bounds a token's range (for splits).
+    """The plan of `mode` ("masked" or "gathered") over pools of storage `kind` (a
+    `storage.KINDS` name, or a (K kind, V kind) pair) for steps of `width` tokens; `max_len`
+    bounds a token's range (for splits).
     kernel: None (by `is_decode_shape`), "decode" or "prefill" forces one; n_splits: the
     decode splits (default `choose_splits`)."""
-    decode_kernel, prefill_kernel = KERNELS[mode, kind]
+    decode_kernel, prefill_kernel = kernels(
+        mode, *((kind, kind) if isinstance(kind, str) else kind)
+    )
     if not _pick(kernel, width, n_heads, n_kv_heads):
         grid, threads = attention_grid(*_prefill_blocks(width, n_heads, n_kv_heads))
         return AttentionPlan(prefill_kernel, grid, threads, 0)
@@ -140,17 +146,19 @@ def plan_attention(
     return AttentionPlan(decode_kernel, grid, threads, n_splits, merge_grid, merge_threads)
 
 
-def run_attention(plan: AttentionPlan, q, k_pool, v_pool, step, view, scale, out, workspace,
-                  stream) -> None:  # fmt: skip
+def run_attention(plan: AttentionPlan, q, k_pool, v_pool, kv_scales, step, view, scale, out,
+                  workspace, stream) -> None:  # fmt: skip
     """Launches `plan` (one prefill launch, or the decode launch and the merge) on `stream`;
-    checks nothing. scale: np.float32; workspace: `split_workspace` scratch of at least the
-    plan's width and splits (decode plans)."""
+    checks nothing. kv_scales: [2, n_kv_heads] float32 device array (fp8's K and V scales);
+    scale: np.float32; workspace: `split_workspace` scratch of at least the plan's width and
+    splits (decode plans)."""
     grid, threads = plan.grid, plan.threads
+    pools = (q, k_pool, v_pool, kv_scales, step, view, scale)
     if not plan.is_decode:
-        launch(plan.kernel, grid, threads, stream, q, k_pool, v_pool, step, view, scale, out)
+        launch(plan.kernel, grid, threads, stream, *pools, out)
         return
     n_splits = np.int32(plan.n_splits)
-    args = (q, k_pool, v_pool, step, view, scale, n_splits, *workspace)
+    args = (*pools, n_splits, *workspace)
     launch(plan.kernel, grid, threads, stream, *args)
     launch(merge_splits, plan.merge_grid, plan.merge_threads, stream, *workspace, step, n_splits,
            out)  # fmt: skip
@@ -158,13 +166,15 @@ def run_attention(plan: AttentionPlan, q, k_pool, v_pool, step, view, scale, out
 
 def launch_attend_masked(
     q, k_pool, v_pool, mask, step, width: int, read_len: int, scale, out, stream=0, *,
-    kernel: str | None = None, n_splits: int | None = None, workspace=None,
+    kernel: str | None = None, n_splits: int | None = None, workspace=None, kinds=None,
+    kv_scales=None,
 ) -> None:  # fmt: skip
     """out[t, h] = softmax over the cells mask[t] allows of q[t, h]·K·scale, applied to V.
 
     q              : device array, shape [>= width, n_heads, head_dim], float32
-    k_pool, v_pool : device array, shape [rows >= read_len, n_kv_heads, head_dim], float32,
-                     float16 or uint16 (bfloat16 bit patterns); query head h reads KV head
+    k_pool, v_pool : device array, shape [rows >= read_len, n_kv_heads, row_width]
+                     (docs/contract.md §4.1): float32, float16, uint16 (bfloat16 bit
+                     patterns) or uint8 (quantized); query head h reads KV head
                      h // (n_heads // n_kv_heads)
     mask           : device array, shape [max_width, capacity], uint8, 1 = attend; read at
                      rows < width and columns < read_len only
@@ -178,19 +188,23 @@ def launch_attend_masked(
     n_splits       : decode splits per token (default `choose_splits` of read_len)
     workspace      : `split_workspace(...)` scratch for the decode partials (default: a
                      fresh allocation per decode launch)
+    kinds          : (K kind, V kind) of `storage.KINDS`, default from the pools' dtypes
+                     (which uint8 pools do not say)
+    kv_scales      : device array [2, n_kv_heads] float32, fp8's scales (default ones)
     head_dim <= 128 and n_heads a multiple of n_kv_heads, else ValueError.
     """
-    _check_shapes(q, k_pool, v_pool, out)
+    kinds = _check_shapes(q, k_pool, v_pool, out, kinds)
     check_extent("width", width, len(q), len(out), mask.shape[0], step.shape[1])
     check_extent("read_len", read_len, mask.shape[1], k_pool.shape[0])
-    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=read_len)
+    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=read_len,
+                 kinds=kinds, kv_scales=kv_scales)  # fmt: skip
     _launch("masked", (mask,), q, k_pool, v_pool, step, width, scale, out, stream, **shape)
 
 
 def launch_attend_gathered(
     q, k_pool, v_pool, seq_cells, step, width: int, window: int, scale, out, stream=0, *,
     kernel: str | None = None, n_splits: int | None = None, workspace=None,
-    max_len: int | None = None,
+    max_len: int | None = None, kinds=None, kv_scales=None,
 ) -> None:  # fmt: skip
     """out[t, h] = softmax over the token's own cells of q[t, h]·K·scale, applied to V.
 
@@ -199,8 +213,8 @@ def launch_attend_gathered(
     window > 0 else 0.
 
     q              : device array, shape [>= width, n_heads, head_dim], float32
-    k_pool, v_pool : device array, shape [rows, n_kv_heads, head_dim], float32, float16 or
-                     uint16 (bfloat16 bit patterns)
+    k_pool, v_pool : device array, shape [rows, n_kv_heads, row_width], as in
+                     `launch_attend_masked`
     seq_cells      : device array, shape [max_seqs, max_seq_len], int32: row s holds
                      sequence s's cells by position; read inside each token's range only
     step           : device array, the step buffer [4, columns] int32 (`step_buffer`), its
@@ -210,38 +224,41 @@ def launch_attend_gathered(
     scale          : the score scale (cast to float32)
     out            : device array, shape [>= width, n_heads, head_dim], float32; rows
                      [0, width) written, the rest untouched
-    kernel, n_splits, workspace : as in `launch_attend_masked`
+    kernel, n_splits, workspace, kinds, kv_scales : as in `launch_attend_masked`
     max_len        : the longest range a token reads, for choosing splits (default the
                      window, or max_seq_len for global attention)
     head_dim <= 128 and n_heads a multiple of n_kv_heads, else ValueError.
     """
-    _check_shapes(q, k_pool, v_pool, out)
+    kinds = _check_shapes(q, k_pool, v_pool, out, kinds)
     check_extent("width", width, len(q), len(out), step.shape[1])
     if window < 0:
         raise ValueError(f"window={window} must be 0 (global) or positive")
     if max_len is None:
         max_len = gathered_max_len(window, seq_cells.shape[1])
     view = (seq_cells, np.int32(window))
-    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=max_len)
+    shape = dict(kernel=kernel, n_splits=n_splits, workspace=workspace, max_len=max_len,
+                 kinds=kinds, kv_scales=kv_scales)  # fmt: skip
     _launch("gathered", view, q, k_pool, v_pool, step, width, scale, out, stream, **shape)
 
 
 def _launch(
     mode, view, q, k_pool, v_pool, step, width, scale, out, stream, *, kernel, n_splits,
-    workspace, max_len,
+    workspace, max_len, kinds, kv_scales,
 ) -> None:  # fmt: skip
     """Plans and runs `mode` over `view` for a launcher: its workspace checked or made."""
     if width == 0:
         return
     n_heads, head_dim = q.shape[1], q.shape[2]
-    kind = storage.kind(k_pool.dtype)
+    if kv_scales is None:
+        kv_scales = cuda.to_device(np.ones((2, k_pool.shape[1]), np.float32), stream=stream)
     plan = plan_attention(
-        mode, kind, width, n_heads, k_pool.shape[1], head_dim, max_len,
+        mode, kinds, width, n_heads, k_pool.shape[1], head_dim, max_len,
         kernel=kernel, n_splits=n_splits,
     )  # fmt: skip
     if plan.is_decode:
         workspace = _partials(workspace, width, n_heads, head_dim, plan.n_splits, stream)
-    run_attention(plan, q, k_pool, v_pool, step, view, np.float32(scale), out, workspace, stream)
+    run_attention(plan, q, k_pool, v_pool, kv_scales, step, view, np.float32(scale), out,
+                  workspace, stream)  # fmt: skip
 
 
 def _prefill_blocks(width: int, n_heads: int, n_kv_heads: int) -> tuple[int, int]:
@@ -261,27 +278,35 @@ def _head_blocks(n_heads: int, n_kv_heads: int, rows: int) -> int:
     return n_kv_heads * -(-group // min(group, rows))
 
 
-def _check_shapes(q, k_pool, v_pool, out) -> None:
-    """Raises ValueError unless q, the pools and out fit together and the kernels."""
-    if q.ndim != 3 or k_pool.ndim != 3 or out.ndim != 3 or k_pool.shape != v_pool.shape:
+def _check_shapes(q, k_pool, v_pool, out, kinds) -> tuple[str, str]:
+    """The pools' (K kind, V kind) (`kinds`, or from their dtypes); ValueError unless q, the
+    pools and out fit together and the kernels."""
+    if q.ndim != 3 or k_pool.ndim != 3 or out.ndim != 3 or k_pool.shape[:2] != v_pool.shape[:2]:
         raise ValueError(
             f"q {q.shape}, out {out.shape}: [width, n_heads, head_dim]; k_pool {k_pool.shape} "
-            f"and v_pool {v_pool.shape}: the same [rows, n_kv_heads, head_dim]"
+            f"and v_pool {v_pool.shape}: [rows, n_kv_heads, row_width], the same rows and heads"
         )
     n_heads, head_dim = q.shape[1], q.shape[2]
     n_kv_heads = k_pool.shape[1]
     if head_dim > HEAD_DIM_MAX or head_dim < 1:
         raise ValueError(f"head_dim={head_dim} is outside [1, {HEAD_DIM_MAX}] the kernels hold")
-    if k_pool.shape[2] != head_dim or out.shape[1:] != q.shape[1:]:
-        raise ValueError(
-            f"q {q.shape}, out {out.shape} and k_pool {k_pool.shape} disagree on heads or head_dim"
-        )
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if np.dtype(pool.dtype).name not in STORAGE:
+            raise ValueError(f"{name} dtype {pool.dtype}: one of {STORAGE}")
+    kinds = kinds or (storage.kind_of_dtype(k_pool.dtype), storage.kind_of_dtype(v_pool.dtype))
+    for name, pool, kind in (("k_pool", k_pool, kinds[0]), ("v_pool", v_pool, kinds[1])):
+        if kind not in storage.KINDS or np.dtype(pool.dtype).name not in storage.KINDS[kind][1]:
+            raise ValueError(f"{name} of dtype {pool.dtype} is not a pool of kind {kind!r}")
+        if pool.shape[2] != row_width(kind, head_dim) or out.shape[1:] != q.shape[1:]:
+            raise ValueError(
+                f"q {q.shape}, out {out.shape} and {name} {pool.shape} ({kind}) disagree on "
+                "heads or head_dim"
+            )
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    if np.dtype(q.dtype) != np.float32 or np.dtype(out.dtype) != np.float32:
-        raise ValueError(f"q and out must be float32, got {q.dtype} and {out.dtype}")
-    if np.dtype(k_pool.dtype).name not in STORAGE or k_pool.dtype != v_pool.dtype:
-        raise ValueError(f"k_pool/v_pool dtype {k_pool.dtype}/{v_pool.dtype}: one of {STORAGE}")
+    if {np.dtype(q.dtype).name, np.dtype(out.dtype).name} - {"float32", "float16"}:
+        raise ValueError(f"q and out must be float32 or float16, got {q.dtype} and {out.dtype}")
+    return kinds
 
 
 def _pick(kernel_name: str | None, width: int, n_heads: int, n_kv_heads: int) -> bool:

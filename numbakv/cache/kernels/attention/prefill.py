@@ -27,13 +27,16 @@ from numbakv.cache.kernels.attention.tiles import (
     Q,
     T,
 )
+from numbakv.cache.kernels.placement import KV_SCALES
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
 
-def signatures(view: str, storage: tuple[str, ...]) -> list[str]:
-    """q, k_pool, v_pool, step, view, scale, out; per storage dtype."""
+def signatures(view: str, pools: list[tuple[str, str]]) -> list[str]:
+    """q, k_pool, v_pool, kv_scales, step, view, scale, out;
+    per (K pool dtype, V pool dtype)."""
     return [
-        f"void({Q}, {s}[:, :, ::1], {s}[:, :, ::1], {STEP}, {view}, float32, {Q})" for s in storage
+        f"void({Q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, {Q})"
+        for ks, vs in pools
     ]
 
 
@@ -64,7 +67,7 @@ def make_prefill(token, flags, load_tile):
     """The prefill kernel over the view that `token` and `flags` read (see `views`), for the
     storage kind `load_tile` reads (`tiles.make_load_tile`)."""
 
-    def attend_prefill(q, k_pool, v_pool, step, view, scale, out):
+    def attend_prefill(q, k_pool, v_pool, kv_scales, step, view, scale, out):
         """Attention of a tile of tokens x heads of one KV group over the cells they see."""
         # q, out: [>= width, n_heads, head_dim]  k_pool, v_pool: [rows, n_kv_heads, head_dim]
         q_s = cuda.shared.array((PREFILL_ROWS, K_STRIDE), np.float32)
@@ -80,7 +83,7 @@ def make_prefill(token, flags, load_tile):
         tok_s = cuda.shared.array((TOKEN_ROWS, MAX_TOKENS), np.int32)
         is_todo_s = cuda.shared.array(MAX_TOKENS, np.uint8)
         sweep_s = cuda.shared.array(3, np.int32)  # key, first and end index of a sweep
-        head_dim = k_pool.shape[2]
+        head_dim = q.shape[2]
         group = q.shape[1] // k_pool.shape[1]
         n_hb = min(group, PREFILL_ROWS)
         n_tb = PREFILL_ROWS // n_hb  # tokens per block
@@ -106,7 +109,9 @@ def make_prefill(token, flags, load_tile):
                 while key >= 0:
                     for j0 in range(lo, hi, PREFILL_TILE):
                         if flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, k_pool.shape[0]):
-                            load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim)
+                            load_tile(
+                                k_s, v_s, cell_s, k_pool, v_pool, kv_scales, kv_head, head_dim
+                            )
                             tiles.tile_update(
                                 q_s, acc_s, k_s, v_s, s_s, ok_s, m_s, l_s, alpha_s,
                                 n_rows, n_heads_here, head_dim, scale,
@@ -117,5 +122,5 @@ def make_prefill(token, flags, load_tile):
     return attend_prefill
 
 
-# (mode, storage kind) -> kernel, e.g. KERNELS["gathered", "bfloat16"]
+# (mode, K kind, V kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
 KERNELS = views.build(make_prefill, signatures, "prefill")

@@ -8,8 +8,8 @@ and [LO, HI) the sweep indices it may see (`views`).
 
 A tile is a run of sweep indices: flags (who sees which cell, `views`) -> K/V of the
 needed cells into shared memory as float32 (zeros for the others; `make_load_tile`, one per
-storage kind) -> scores of the rows that see each cell -> per row: max, rescale, exp, sum
--> acc[row, d] += p * V[c, d].
+pair of storage kinds, dequantizing quantized pools on the way) -> scores of the rows that
+see each cell -> per row: max, rescale, exp, sum -> acc[row, d] += p * V[c, d].
 
 The accumulator holds the weighted mean of the V rows seen so far (weights p / l, the old
 mean rescaled by l_old * alpha / l_new), as the reference normalises its weights before
@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from numbakv.cache.cuda import cuda, int_as_float
-from numbakv.cache.kernels import device_function, storage
+from numbakv.cache.kernels import device_function, quant, storage
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
 K_STRIDE = HEAD_DIM_MAX + 1  # K and q rows padded by one word: no shared bank conflicts
@@ -50,7 +50,7 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 SHIFT = np.int32(16)  # a bfloat16 pattern's place in a float32
 
-STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16 patterns)
+STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16, uint8)
 Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
@@ -97,17 +97,21 @@ def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
     cuda.syncthreads()
 
 
-def make_load_tile(is_bfloat16):
-    """The tile loader of a storage kind: float pools cast, bfloat16 pools widen their bit
-    patterns. A closure constant, so the compiler keeps one branch. Hot loops call no device
-    function: each call costs the simulator a module swap (60x slower kernels)."""
+def make_load_tile(k_kind: str, v_kind: str):
+    """The tile loader of pools of (k_kind, v_kind) (`storage.KINDS`): float pools cast,
+    bfloat16 pools widen their bit patterns, quantized pools dequantize (`quant`). Closure
+    constants, so the compiler keeps one branch each for K and V. Float and bfloat16 loads
+    call no device function: each call costs the simulator a module swap (60x slower)."""
+    k_code, v_code = storage.KINDS[k_kind][0], storage.KINDS[v_kind][0]
 
-    def load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_head, head_dim):
+    def load_tile(k_s, v_s, cell_s, k_pool, v_pool, kv_scales, kv_head, head_dim):
         """K/V of the cells some row sees into shared memory as float32; zeros for the rest
         (never garbage)."""
-        # k_pool, v_pool: [rows, n_kv_heads, head_dim]  k_s: [tile, K_STRIDE]
+        # k_pool, v_pool: [rows, n_kv_heads, row_width]  k_s: [tile, K_STRIDE]
         # v_s: [tile, HEAD_DIM_MAX]  cell_s: [tile] int32, -1 = seen by no row
+        # kv_scales: [2, n_kv_heads] float32, fp8's K and V scales
         tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
+        k_scale, v_scale = kv_scales[0, kv_head], kv_scales[1, kv_head]
         for i in range(tid, cell_s.shape[0] * head_dim, n_threads):
             jj = i // head_dim
             d = i - jj * head_dim
@@ -115,19 +119,22 @@ def make_load_tile(is_bfloat16):
             if c < 0:
                 k_s[jj, d] = ZERO
                 v_s[jj, d] = ZERO
-            elif is_bfloat16:  # the pattern is the top half of the float32
-                k_s[jj, d] = int_as_float(np.int32(np.int32(k_pool[c, kv_head, d]) << SHIFT))
-                v_s[jj, d] = int_as_float(np.int32(np.int32(v_pool[c, kv_head, d]) << SHIFT))
             else:
-                k_s[jj, d] = np.float32(k_pool[c, kv_head, d])
-                v_s[jj, d] = np.float32(v_pool[c, kv_head, d])
+                if k_code == 0:
+                    k_s[jj, d] = np.float32(k_pool[c, kv_head, d])
+                elif k_code == 1:  # the pattern is the top half of the float32
+                    k_s[jj, d] = int_as_float(np.int32(np.int32(k_pool[c, kv_head, d]) << SHIFT))
+                else:
+                    k_s[jj, d] = quant.load_quantized(k_pool, c, kv_head, d, k_code, k_scale)
+                if v_code == 0:
+                    v_s[jj, d] = np.float32(v_pool[c, kv_head, d])
+                elif v_code == 1:
+                    v_s[jj, d] = int_as_float(np.int32(np.int32(v_pool[c, kv_head, d]) << SHIFT))
+                else:
+                    v_s[jj, d] = quant.load_quantized(v_pool, c, kv_head, d, v_code, v_scale)
         cuda.syncthreads()
 
     return device_function(load_tile)
-
-
-load_float_tile = make_load_tile(False)
-load_bfloat16_tile = make_load_tile(True)
 
 
 @device_function

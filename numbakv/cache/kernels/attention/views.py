@@ -26,16 +26,10 @@ import numpy as np
 
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function, kernel
-from numbakv.cache.kernels.attention.tiles import (
-    HI,
-    KEY,
-    LO,
-    T,
-    load_bfloat16_tile,
-    load_float_tile,
-)
+from numbakv.cache.kernels.attention.tiles import HI, KEY, LO, T, make_load_tile
+from numbakv.cache.kernels.placement import PAIRS, kind_name
 from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS
-from numbakv.cache.kernels.storage import BFLOAT16_STORAGE, FLOAT_STORAGE
+from numbakv.cache.kernels.storage import KINDS
 
 MASKED_VIEW = "Tuple((uint8[:, ::1],))"  # mask [max_width, capacity]
 GATHERED_VIEW = "Tuple((int32[:, ::1], int32))"  # seq_cells [max_seqs, max_seq_len], window
@@ -105,23 +99,28 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     return cuda.syncthreads_or(is_any)
 
 
-def build(make: Callable, signatures: Callable, shape: str) -> dict[tuple[str, str], Callable]:
-    """{(mode, storage kind): kernel} of one shape ("decode" or "prefill"):
-    `make(token, flags, load_tile)` over each view, for float pools ("float": float32 and
-    float16) and for bfloat16 pools ("bfloat16"), registered as attend_{mode}_{shape}[_bf16]."""
+def build(make: Callable, signatures: Callable, shape: str) -> Callable:
+    """`kernels(mode, k_kind, v_kind)` of one shape ("decode" or "prefill"): `make(token,
+    flags, load_tile)` over the mode's view for pools of (k_kind, v_kind), made on first
+    use and registered as attend_{mode}_{shape}{placement.kind_name}; the pairs of
+    `placement.PAIRS` are made at import, so that the suite compiles them to PTX."""
     views = {
         "masked": (MASKED_VIEW, masked_token, masked_flags),
         "gathered": (GATHERED_VIEW, gathered_token, gathered_flags),
     }
-    storages = {
-        "float": (FLOAT_STORAGE, load_float_tile, ""),
-        "bfloat16": (BFLOAT16_STORAGE, load_bfloat16_tile, "_bf16"),
-    }
     built = {}
-    for mode, (view, token, flags) in views.items():
-        for kind, (storage, load_tile, suffix) in storages.items():
-            name = f"attend_{mode}_{shape}{suffix}"
-            built[mode, kind] = kernel(signatures(view, storage), name=name)(
-                make(token, flags, load_tile)
+
+    def kernels(mode: str, k_kind: str, v_kind: str):
+        if (mode, k_kind, v_kind) not in built:
+            view, token, flags = views[mode]
+            name = f"attend_{mode}_{shape}{kind_name(k_kind, v_kind)}"
+            pools = list(zip(KINDS[k_kind][1], KINDS[v_kind][1] * 2, strict=False))
+            built[mode, k_kind, v_kind] = kernel(signatures(view, pools), name=name)(
+                make(token, flags, make_load_tile(k_kind, v_kind))
             )
-    return built
+        return built[mode, k_kind, v_kind]
+
+    for mode in views:
+        for pair in PAIRS:
+            kernels(mode, *pair)
+    return kernels
