@@ -45,9 +45,11 @@ def _blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
-    """1 / d in float32, 0 where d is 0 (ggml's `id`)."""
-    with np.errstate(divide="ignore"):
-        return np.where(d == 0, F32(0), F32(1) / np.where(d == 0, F32(1), d)).astype(F32)
+    """1 / d in float32, 0 where d is 0 or 1 / d overflows (ggml's `id`)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        inverse = (F32(1) / np.where(d == 0, F32(1), d)).astype(F32)
+    # a subnormal d's inverse overflows (ggml leaves its codes undefined): 0, as for d = 0
+    return np.where((d == 0) | ~np.isfinite(inverse), F32(0), inverse).astype(F32)
 
 
 def _pack(d_bits: np.ndarray, codes: np.ndarray) -> np.ndarray:

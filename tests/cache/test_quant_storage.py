@@ -32,6 +32,7 @@ def adversarial(rng: np.random.Generator, n_heads: int, head_dim: int) -> np.nda
         midpoints[0] = amax
         kinds.append(midpoints)
     kinds += [np.zeros(BLOCK), np.full(BLOCK, 500.0), np.linspace(-460, 460, BLOCK)]
+    kinds.append(np.array([1e-38, -1e-38, 5e-39] + [0.0] * (BLOCK - 3)))  # 1 / d overflows
     for special in (np.nan, np.inf, -np.inf):
         block = rng.standard_normal(BLOCK)
         block[int(rng.integers(BLOCK))] = special

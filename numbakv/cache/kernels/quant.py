@@ -123,6 +123,8 @@ def store_q8_0(src, pool, t, cell, h, b):
         amax = max(amax, abs(x))
     d = amax / np.float32(127.0)
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+    if inv - inv != np.float32(0.0):  # a subnormal d: 1 / d overflows; 0, as the reference
+        inv = np.float32(0.0)
     bits = half_bits(d) if is_finite else HALF_NAN
     pool[cell, h, base] = np.uint8(bits & np.int32(0xFF))
     pool[cell, h, base + 1] = np.uint8(bits >> np.int32(8))
@@ -148,6 +150,8 @@ def store_q4_0(src, pool, t, cell, h, b):
             largest = x
     d = largest / np.float32(-8.0)
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+    if inv - inv != np.float32(0.0):  # a subnormal d: 1 / d overflows; 0, as the reference
+        inv = np.float32(0.0)
     bits = half_bits(d) if is_finite else HALF_NAN
     pool[cell, h, base] = np.uint8(bits & np.int32(0xFF))
     pool[cell, h, base + 1] = np.uint8(bits >> np.int32(8))
