@@ -11,9 +11,25 @@ import numpy as np
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function, kernel, owner_bit
 from numbakv.cache.kernels.launch import check_extent, launch, launch_dims
-from numbakv.cache.kernels.quant import BLOCK, e4m3_bits, store_q4_0, store_q8_0
+from numbakv.cache.kernels.quant import (
+    BFLOAT16,
+    BLOCK,
+    FLOAT,
+    Q4_0,
+    Q8_0,
+    e4m3_bits,
+    store_q4_0,
+    store_q8_0,
+)
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, STEP, WIDTH
-from numbakv.cache.kernels.storage import FLOAT_STORAGE, KINDS, kind_of_dtype, narrow_bfloat16
+from numbakv.cache.kernels.storage import (
+    FLOAT_STORAGE,
+    KINDS,
+    kind_of_dtype,
+    narrow_bfloat16,
+    pool_dtypes,
+    unit_scales,
+)
 
 FLOATS = FLOAT_STORAGE  # the step's K/V dtypes: the float storage dtypes
 KV_SCALES = "float32[:, ::1]"  # [2 (K, V), n_kv_heads]: fp8 scales of the layer
@@ -29,7 +45,7 @@ def scatter_signatures(k_kind: str, v_kind: str) -> list[str]:
         f"void({x}[:, :, ::1], {x}[:, :, ::1], {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, "
         f"{STEP})"
         for x in FLOATS
-        for ks, vs in zip(KINDS[k_kind][1], KINDS[v_kind][1] * 2, strict=False)
+        for ks, vs in pool_dtypes(k_kind, v_kind)
     ]
 
 
@@ -42,12 +58,13 @@ def make_store(kind: str):
     over the whole grid: per (t, h, d) for element formats, per (t, h, block) for q8_0 and
     q4_0 (a block's scale needs its 32 values). A closure constant picks the branch."""
     code = KINDS[kind][0]
+    is_blocked = code in (Q8_0, Q4_0)
 
     def store(src, pool, scales, which, step, width):
         # src: [>= width, n_kv_heads, head_dim]  pool: [rows, n_kv_heads, row_width]
         # scales: [2, n_kv_heads] float32 (fp8 only)
         n_kv_heads, head_dim = src.shape[1], src.shape[2]
-        per_head = head_dim // BLOCK if code == 2 or code == 3 else head_dim
+        per_head = head_dim // BLOCK if is_blocked else head_dim
         row = n_kv_heads * per_head
         for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
             t = i // row
@@ -56,13 +73,13 @@ def make_store(kind: str):
                 j = i - t * row
                 h = j // per_head
                 d = j - h * per_head
-                if code == 0:  # the cast rounds to nearest even, like astype
+                if code == FLOAT:  # the cast rounds to nearest even, like astype
                     pool[cell, h, d] = src[t, h, d]
-                elif code == 1:
+                elif code == BFLOAT16:
                     pool[cell, h, d] = narrow_bfloat16(src[t, h, d])
-                elif code == 2:
+                elif code == Q8_0:
                     store_q8_0(src, pool, t, cell, h, d)
-                elif code == 3:
+                elif code == Q4_0:
                     store_q4_0(src, pool, t, cell, h, d)
                 else:
                     x = np.float32(src[t, h, d]) / scales[which, h]
@@ -160,7 +177,7 @@ def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0, *, kinds
         return
     kinds = kinds or (kind_of_dtype(k_pool.dtype), kind_of_dtype(v_pool.dtype))
     if kv_scales is None:
-        kv_scales = cuda.to_device(np.ones((2, k.shape[1]), np.float32), stream=stream)
+        kv_scales = unit_scales(k.shape[1], stream)
     grid, threads = launch_dims(n_items)
     launch(scatter_kernel(*kinds), grid, threads, stream, k, v, k_pool, v_pool, kv_scales, step)
 

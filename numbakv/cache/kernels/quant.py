@@ -14,7 +14,7 @@ from numbakv.cache.cuda import add_rn, float_as_int, int_as_float, mul_rn
 from numbakv.cache.kernels import device_function
 from numbakv.formats import BLOCK
 
-Q8_0, Q4_0, FP8 = 2, 3, 4  # kind codes of the quantized formats (0 float, 1 bfloat16)
+FLOAT, BFLOAT16, Q8_0, Q4_0, FP8 = 0, 1, 2, 3, 4  # the storage kinds' codes in kernels
 Q8_BYTES, Q4_BYTES = 2 + BLOCK, 2 + BLOCK // 2
 HALF_NAN = np.int32(0x7E00)
 HALF = np.float32(0.5)
@@ -111,6 +111,18 @@ def e4m3_value(byte):
 
 
 @device_function
+def store_scale(pool, cell, h, base, d, is_finite):
+    """A block's float16 scale d at bytes [base, base + 2) of pool[cell, h] (little-endian;
+    0x7E00 for a block that is not finite); returns ggml's 1 / d, 0 where d is 0 or where
+    1 / d overflows (a subnormal d), as the reference."""
+    bits = half_bits(d) if is_finite else HALF_NAN
+    pool[cell, h, base] = np.uint8(bits & np.int32(0xFF))
+    pool[cell, h, base + 1] = np.uint8(bits >> np.int32(8))
+    inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+    return inv if inv - inv == np.float32(0.0) else np.float32(0.0)
+
+
+@device_function
 def store_q8_0(src, pool, t, cell, h, b):
     """Block b of src[t, h] as q8_0 into pool[cell, h]: d = amax / 127, roundf(x * (1/d))."""
     d0 = b * BLOCK
@@ -122,12 +134,7 @@ def store_q8_0(src, pool, t, cell, h, b):
         is_finite = is_finite and x - x == np.float32(0.0)  # NaN and ±inf give NaN
         amax = max(amax, abs(x))
     d = amax / np.float32(127.0)
-    inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-    if inv - inv != np.float32(0.0):  # a subnormal d: 1 / d overflows; 0, as the reference
-        inv = np.float32(0.0)
-    bits = half_bits(d) if is_finite else HALF_NAN
-    pool[cell, h, base] = np.uint8(bits & np.int32(0xFF))
-    pool[cell, h, base + 1] = np.uint8(bits >> np.int32(8))
+    inv = store_scale(pool, cell, h, base, d, is_finite)
     for e in range(BLOCK):
         code = roundf(mul_rn(np.float32(src[t, h, d0 + e]), inv)) if is_finite else np.int32(0)
         pool[cell, h, base + 2 + e] = np.uint8(code & np.int32(0xFF))
@@ -149,12 +156,7 @@ def store_q4_0(src, pool, t, cell, h, b):
             amax = abs(x)
             largest = x
     d = largest / np.float32(-8.0)
-    inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-    if inv - inv != np.float32(0.0):  # a subnormal d: 1 / d overflows; 0, as the reference
-        inv = np.float32(0.0)
-    bits = half_bits(d) if is_finite else HALF_NAN
-    pool[cell, h, base] = np.uint8(bits & np.int32(0xFF))
-    pool[cell, h, base + 1] = np.uint8(bits >> np.int32(8))
+    inv = store_scale(pool, cell, h, base, d, is_finite)
     for j in range(BLOCK // 2):
         low, high = np.int32(8), np.int32(8)
         if is_finite:

@@ -6,7 +6,7 @@ as bytes (`quant`).
 
 import numpy as np
 
-from numbakv.cache.cuda import float_as_int
+from numbakv.cache.cuda import cuda, float_as_int
 from numbakv.cache.kernels import device_function, quant
 
 FLOAT_STORAGE = ("float32", "float16")  # pools of real floats: loads and stores cast
@@ -17,12 +17,24 @@ QUIET_NAN = np.int32(0x7FC0)  # the one NaN a bfloat16 pool holds (with the inpu
 SIGN = np.int32(0x8000)
 # storage kind -> (its code in kernels, its pool dtypes); the kernels compile once per kind
 KINDS = {
-    "float": (0, FLOAT_STORAGE),
-    "bfloat16": (1, BFLOAT16_STORAGE),
+    "float": (quant.FLOAT, FLOAT_STORAGE),
+    "bfloat16": (quant.BFLOAT16, BFLOAT16_STORAGE),
     "q8_0": (quant.Q8_0, BYTE_STORAGE),
     "q4_0": (quant.Q4_0, BYTE_STORAGE),
     "fp8_e4m3": (quant.FP8, BYTE_STORAGE),
 }
+
+
+def pool_dtypes(k_kind: str, v_kind: str) -> list[tuple[str, str]]:
+    """The (K pool dtype, V pool dtype) pairs a kernel of (k_kind, v_kind) compiles for:
+    float32 with float32 and float16 with float16 where both are float pools."""
+    return list(zip(KINDS[k_kind][1], KINDS[v_kind][1] * 2, strict=False))
+
+
+def unit_scales(n_kv_heads: int, stream):
+    """A [2, n_kv_heads] float32 device array of ones: the fp8 scales a launcher passes
+    when none are given (only fp8 pools read them)."""
+    return cuda.to_device(np.ones((2, n_kv_heads), np.float32), stream=stream)
 
 
 def kind(fmt: str) -> str:

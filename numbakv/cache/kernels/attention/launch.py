@@ -250,7 +250,7 @@ def _launch(
         return
     n_heads, head_dim = q.shape[1], q.shape[2]
     if kv_scales is None:
-        kv_scales = cuda.to_device(np.ones((2, k_pool.shape[1]), np.float32), stream=stream)
+        kv_scales = storage.unit_scales(k_pool.shape[1], stream)
     plan = plan_attention(
         mode, kinds, width, n_heads, k_pool.shape[1], head_dim, max_len,
         kernel=kernel, n_splits=n_splits,

@@ -120,15 +120,15 @@ def make_load_tile(k_kind: str, v_kind: str):
                 k_s[jj, d] = ZERO
                 v_s[jj, d] = ZERO
             else:
-                if k_code == 0:
+                if k_code == quant.FLOAT:
                     k_s[jj, d] = np.float32(k_pool[c, kv_head, d])
-                elif k_code == 1:  # the pattern is the top half of the float32
+                elif k_code == quant.BFLOAT16:  # the pattern is the top half of the float32
                     k_s[jj, d] = int_as_float(np.int32(np.int32(k_pool[c, kv_head, d]) << SHIFT))
                 else:
                     k_s[jj, d] = quant.load_quantized(k_pool, c, kv_head, d, k_code, k_scale)
-                if v_code == 0:
+                if v_code == quant.FLOAT:
                     v_s[jj, d] = np.float32(v_pool[c, kv_head, d])
-                elif v_code == 1:
+                elif v_code == quant.BFLOAT16:
                     v_s[jj, d] = int_as_float(np.int32(np.int32(v_pool[c, kv_head, d]) << SHIFT))
                 else:
                     v_s[jj, d] = quant.load_quantized(v_pool, c, kv_head, d, v_code, v_scale)

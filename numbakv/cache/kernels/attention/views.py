@@ -29,7 +29,7 @@ from numbakv.cache.kernels import device_function, kernel
 from numbakv.cache.kernels.attention.tiles import HI, KEY, LO, T, make_load_tile
 from numbakv.cache.kernels.placement import PAIRS, kind_name
 from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS
-from numbakv.cache.kernels.storage import KINDS
+from numbakv.cache.kernels.storage import pool_dtypes
 
 MASKED_VIEW = "Tuple((uint8[:, ::1],))"  # mask [max_width, capacity]
 GATHERED_VIEW = "Tuple((int32[:, ::1], int32))"  # seq_cells [max_seqs, max_seq_len], window
@@ -114,7 +114,7 @@ def build(make: Callable, signatures: Callable, shape: str) -> Callable:
         if (mode, k_kind, v_kind) not in built:
             view, token, flags = views[mode]
             name = f"attend_{mode}_{shape}{kind_name(k_kind, v_kind)}"
-            pools = list(zip(KINDS[k_kind][1], KINDS[v_kind][1] * 2, strict=False))
+            pools = pool_dtypes(k_kind, v_kind)
             built[mode, k_kind, v_kind] = kernel(signatures(view, pools), name=name)(
                 make(token, flags, make_load_tile(k_kind, v_kind))
             )
