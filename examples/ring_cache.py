@@ -116,8 +116,8 @@ class RingCache:
     def __init__(self, config: CacheConfig, bugs: Iterable[str] = frozenset()):
         if not isinstance(config, CacheConfig):
             raise ConfigError(f"expected a CacheConfig, got {config!r}")
-        if config.dtype not in ("float32", "float16"):
-            raise ConfigError(f"dtype={config.dtype!r}: this example stores float32 or float16")
+        if config.uniform_dtype not in ("float32", "float16"):  # one format, every K and V
+            raise ConfigError(f"formats {config.formats}: this example stores float32 or float16")
         unknown = set(bugs) - set(BUGS)
         if unknown:
             raise ConfigError(f"unknown bugs {sorted(unknown)}; known: {sorted(BUGS)}")

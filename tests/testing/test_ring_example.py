@@ -134,3 +134,5 @@ def test_the_example_satisfies_the_protocol_and_refuses_what_it_cannot_do():
         ring.RingCache(BASE, frozenset({"no_such_bug"}))
     with pytest.raises(ConfigError):
         ring.RingCache(make_config(dtype="bfloat16"))
+    with pytest.raises(ConfigError, match="formats"):  # one format for every K and V, or none
+        ring.RingCache(make_config(v_dtype="float16"))
