@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from numbakv import dlpack
 from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
 
 if TYPE_CHECKING:  # checks.py is below config.py, which builds its fields on these checks
@@ -140,9 +141,10 @@ def as_host(x) -> np.ndarray:
 def host_floats(name: str, x) -> np.ndarray:
     """x as a NumPy array of a real float dtype (float16/32/64, ml_dtypes' bfloat16), or
     StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
-    those that require grad included) and device arrays with `copy_to_host`; refuses
-    integer, bool, complex, object and string arrays, which no cast makes into K/V."""
-    if hasattr(x, "__cuda_array_interface__") and not hasattr(x, "copy_to_host"):
+    those that require grad included), host bfloat16 tensors through DLPack (widened to
+    float32, exactly) and device arrays with `copy_to_host`; refuses integer, bool, complex,
+    object and string arrays, which no cast makes into K/V."""
+    if not hasattr(x, "copy_to_host") and dlpack.is_foreign_device_array(x):
         raise StepError(
             f"{name}: {type(x).__name__} is a foreign device array; the reference reads host "
             "arrays and numba device arrays: copy it to the host first (.get(), .cpu())"
@@ -150,24 +152,23 @@ def host_floats(name: str, x) -> np.ndarray:
     try:
         if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
             x = x.detach()
-        array = as_host(x)
-    except Exception as error:  # whatever the object's conversion raises
+        array, error = as_host(x), None
+    except Exception as raised:  # whatever the object's conversion raises
+        array, error = None, raised
+    is_float = array is not None and (array.dtype.kind == "f" or array.dtype.name in FLOAT_NAMES)
+    if not is_float and not isinstance(x, np.ndarray) and dlpack.has_dlpack(x):
+        return dlpack.host_floats(name, x)  # what NumPy cannot read: a bfloat16 tensor
+    if array is None:
         raise StepError(
             f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error!r}); pass "
-            "a float32 or float16 array (for a torch bfloat16 tensor: tensor.float())"
+            "an array of float32, float16 or bfloat16, or a tensor that has __dlpack__"
         ) from error
-    check_float_dtype(name, array.dtype)
-    return array
-
-
-def check_float_dtype(name: str, dtype) -> None:
-    """StepError unless `dtype` is a real float dtype."""
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f" and dtype.name not in FLOAT_NAMES:
+    if not is_float:
         raise StepError(
-            f"{name} has dtype {dtype}; K, V and q are real floats: give float32, float16, "
-            "float64 or bfloat16 values"
+            f"{name} has dtype {array.dtype}; K, V and q are real floats: give float32, "
+            "float16, float64 or bfloat16 values"
         )
+    return array
 
 
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:

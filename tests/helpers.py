@@ -2,6 +2,7 @@
 an observer, a failing allocator, a tiny model and its oracles."""
 
 import io
+import re
 
 import ml_dtypes
 import numpy as np
@@ -218,3 +219,9 @@ def npy(array, **header) -> bytes:
     else:
         np.save(out, array, allow_pickle=True)
     return out.getvalue()
+
+
+def stable_id(value) -> str:
+    """A parametrized test's id: the value's repr without memory addresses, the same in
+    every process (pytest-xdist's workers must collect the same ids)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))

@@ -21,6 +21,9 @@ when any part failed. The parts, in the order they run:
                   (declare_step, prepare_step, then write + attend per layer): the host's
                   wall clock until the last launch returns, CUDA events over the step, and
                   the wall clock to a synchronize
+    inputs        q, k, v as views of one fused torch bfloat16 (and float16) QKV tensor,
+                  read through DLPack, and a bfloat16 `out=`: equal to the float32 copies'
+                  output rounded to that dtype, written into the caller's tensor
     model graphs  decode steps of a 32-layer device-resident model (`DeviceModel`) at batch
                   1, 16 and 64: µs per step (declare, prepare, stage, launches, logits
                   back) eager and replayed from one captured step (a CUDA graph), whose
@@ -30,7 +33,7 @@ when any part failed. The parts, in the order they run:
 
 --sim runs the same code with tiny shapes on the simulator, without pytest and torch; the
 test suite runs it (tests/test_gpu_check.py), so that this command cannot rot. Each part is
-a module of this package (`versions`, `attention`: copy and attention, `decode`, `model`,
-`commands`: launch budget and device tests); what they share is in `run`, the filled caches
-in `fill`, torch beside numbakv in `torch_sdpa`, the command in `__main__`.
+a module of this package (`versions`, `attention`: copy and attention, `decode`, `inputs`,
+`model`, `commands`: launch budget and device tests); what they share is in `run`, the
+filled caches in `fill`, torch beside numbakv in `torch_sdpa`, the command in `__main__`.
 """

@@ -12,6 +12,7 @@ from benchmarks.common import print_table
 from benchmarks.gpu_check.attention import part_attention, part_copy
 from benchmarks.gpu_check.commands import part_device_tests, part_launch_budget
 from benchmarks.gpu_check.decode import part_decode_step
+from benchmarks.gpu_check.inputs import part_inputs
 from benchmarks.gpu_check.model import part_model_graphs
 from benchmarks.gpu_check.run import COLUMNS, ERR_BOUND, GPU_SHAPES, LIMIT_S, SIM_SHAPES, Run
 from benchmarks.gpu_check.versions import part_versions
@@ -21,6 +22,7 @@ PARTS = {
     "copy": part_copy,
     "attention": part_attention,
     "decode step": part_decode_step,
+    "inputs": part_inputs,
     "model graphs": part_model_graphs,
     "launch budget": part_launch_budget,
     "device tests": part_device_tests,

@@ -10,7 +10,7 @@ from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import cuda
 from numbakv.cache.graph import Capture, not_while_capturing
 from numbakv.cache.inspection import Inspection
-from numbakv.cache.kernels import attention, masks, placement, seq_cells, verbs
+from numbakv.cache.kernels import attention, masks, placement, seq_cells, storage, verbs
 from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
@@ -239,12 +239,13 @@ class CellCache(Observable, Inspection, Capture):
         formats, on the step's stream.
 
         k, v : [width, n_kv_heads, head_dim]: host arrays of any real float dtype (rounded to
-               float32 unless both are float32 or both float16), or device arrays (anything
-               with `__cuda_array_interface__`, read in place through their strides on the
-               step's stream: the caller orders their producer before it; the last axis
-               contiguous, e.g. views into a fused QKV output) of float32 or float16, one
-               dtype for both. Stored in the layer's formats (docs/contract.md §4.1).
-               Both are checked before either is written. Padded rows are skipped.
+               float32 unless both are float32 or both float16), or device tensors (numba
+               arrays, DLPack exports, `__cuda_array_interface__`: `inputs`) of float32,
+               float16 or bfloat16 (DLPack), one dtype for both, read in place through their
+               strides on the step's stream (the caller orders their producer before it; the
+               last axis contiguous, e.g. views into a fused QKV output). Stored in the
+               layer's formats (docs/contract.md §4.1). Both are checked before either is
+               written. Padded rows are skipped.
         """
         step = self._current_step()
         layer = check_layer(layer, self.config.n_layers)
@@ -268,15 +269,16 @@ class CellCache(Observable, Inspection, Capture):
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads (query head h
                 reads KV head h // (n_heads // n_kv_heads)): a host array of any real float
-                dtype (rounded to float32) or a float32 or float16 device array, read in
-                place through its strides (the last axis contiguous)
+                dtype (rounded to float32) or a float32, float16 or bfloat16 (DLPack) device
+                tensor, read in place through its strides (the last axis contiguous)
         scale : a finite positive real, default 1 / sqrt(head_dim)
         mode  : "gathered" (default) reads each token's own cells through seq_cells, work in
                 proportion to what it sees; "masked" sweeps [0, read_len) under the window's
                 mask, written by the step's first masked attend. Both
                 equal the reference's attend.
-        out   : a float32 or float16 device array [width, n_heads, head_dim] to write
-                into, strided as q may be (a numba view of it is returned); default a new
+        out   : a float32, float16 or bfloat16 (DLPack; rounded to nearest even) device
+                tensor [width, n_heads, head_dim] to write into, strided as q may be (a numba
+                view of it is returned, uint16 patterns for bfloat16); default a new
                 float32 one, allocated on the step's stream, whose
                 `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
@@ -298,7 +300,8 @@ class CellCache(Observable, Inspection, Capture):
         out = inputs.output(out, q.shape, step.stream, capturing)
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
         window = self.config.windows[layer]
-        plan = self._plans.plan(mode, step.width, n_heads, layer)
+        io = (storage.io_kind(q.dtype), storage.io_kind(out.dtype))
+        plan = self._plans.plan(mode, step.width, n_heads, layer, io)
         b = self._buffers
         if mode == "masked":
             self._write_masks()

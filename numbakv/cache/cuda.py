@@ -3,13 +3,15 @@
 The device is chosen first (`numbakv.cache.device`, which sets numba's simulator flag
 from NUMBAKV_DEVICE before numba is imported), so a move to another CUDA binding for
 Python is a change to this file. Here too: `device_info`, the driver's out-of-memory
-error the pool turns into `AllocationError`, the two cuda.core calls a CUDA graph needs,
+error the pool turns into `AllocationError`, a device array over a DLPack export
+(`wrap_export`), the two cuda.core calls a CUDA graph needs,
 and, on the simulator, the fixes of `numbakv.cache.simulator`, installed at import.
 """
 
 import numpy as np
 
 from numbakv.cache.device import IS_SIMULATOR, MODE
+from numbakv.dlpack import Exported, host_view, storage_dtype
 
 from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
 
@@ -78,6 +80,24 @@ def is_done(event) -> bool:
     """Whether the work before `event` has finished, without waiting (the simulator's work
     always has: it runs each launch and copy to completion before returning)."""
     return IS_SIMULATOR or event.query()
+
+
+def wrap_export(exported: Exported):
+    """A numba device array over a DLPack export's memory, no copy (bfloat16 as its uint16
+    patterns); it holds the exporter alive. The simulator's device memory is host memory, so
+    there the export's address is read as a host buffer (`dlpack.host_view`)."""
+    if IS_SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(host_view(exported))
+    interface = {
+        "shape": exported.shape,
+        "strides": exported.strides,
+        "typestr": storage_dtype(exported.dtype).str,
+        "data": (exported.address, False),
+        "version": 3,
+    }
+    return cuda.from_cuda_array_interface(interface, owner=exported.owner, sync=False)
 
 
 def device_address(array) -> int:

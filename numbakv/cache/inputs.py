@@ -1,47 +1,78 @@
 """What `write` and `attend` of the device cache take: any real float array on the host, or a
-device array (anything with `__cuda_array_interface__`) of a dtype the kernels read, taken
-in place without a synchronization and read through its strides (a view of a fused QKV
-projection, a split or a chunk: only the last axis must be contiguous); and the `out=`
-array `attend` writes into, float32 or float16, strided alike."""
+device tensor of a dtype the kernels read, taken in place without a synchronization and read
+through its strides (a view of a fused QKV projection, a split or a chunk: only the last
+axis must be contiguous); and the `out=` array `attend` writes into, strided alike.
+
+Device tensors arrive three ways, tried in this order: a numba device array (float32 or
+float16) as it is; an object exporting DLPack from device memory (torch, CuPy, JAX; float32,
+float16 or bfloat16, which `__cuda_array_interface__` cannot carry; `numbakv.dlpack`), read
+as a numba view of its memory, bfloat16 as uint16 bit patterns (`storage.IO_KINDS`); else
+`__cuda_array_interface__` (float32 or float16). A uint16 numba array is never taken as
+bfloat16: only an export says a tensor holds bfloat16.
+"""
 
 import numpy as np
 
-from numbakv.cache.cuda import IS_SIMULATOR, cuda
+from numbakv import dlpack
+from numbakv.cache.cuda import IS_SIMULATOR, cuda, wrap_export
 from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
 
-KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what the scatter kernels read
-Q_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # what attention reads and writes
+KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # numba arrays the kernels read
+Q_DTYPES = KV_DTYPES  # ... and write as out
+BFLOAT16 = np.dtype(np.uint16)  # the view of an exported bfloat16 tensor: its bit patterns
 
 
 def is_device_array(x) -> bool:
-    return hasattr(x, "copy_to_host") or hasattr(x, "__cuda_array_interface__")
+    """Whether x is a device tensor: a numba device array, device memory exported through
+    DLPack, or `__cuda_array_interface__`."""
+    if isinstance(x, np.ndarray):
+        return False
+    return hasattr(x, "copy_to_host") or dlpack.is_foreign_device_array(x)
 
 
 def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
-    """x checked: a device array kept as it is (its last axis contiguous, one of `dtypes`),
-    or a host array as NumPy (`checks.host_floats`), not yet uploaded."""
+    """x checked: a device tensor as a numba device array (its last axis contiguous, one of
+    `dtypes`, or an exported bfloat16 tensor's uint16 view), or a host array as NumPy
+    (`checks.host_floats`), not yet uploaded."""
     if not is_device_array(x):
         return host_floats(name, x)
-    if not hasattr(x, "copy_to_host"):
+    allowed = dtypes
+    if hasattr(x, "copy_to_host"):
+        pass  # a numba device array, read as it is
+    elif dlpack.exports_device_memory(x):
+        x, allowed = _exported_view(name, x, dtypes), (*dtypes, BFLOAT16)
+    else:
         x = _numba_view(name, x)
     try:
         dtype = np.dtype(x.dtype)
     except Exception as error:
         raise StepError(f"{name}: {type(x).__name__} has no readable dtype ({error!r})") from error
-    if dtype not in dtypes:
+    if dtype not in allowed:
         raise StepError(
             f"{name} is a device array of {x.dtype}; give one of {[d.name for d in dtypes]} "
-            "(host arrays of any float dtype are converted)"
+            "or a bfloat16 tensor through DLPack (host arrays of any float dtype are converted)"
         )
     shape, strides = tuple(x.shape), tuple(x.strides)  # the simulator's take no index -1
     if shape and shape[-1] > 1 and strides[-1] != dtype.itemsize:
         raise StepError(
-            f"{name} is a device array with strides {x.strides}: its last axis (head_dim) "
+            f"{name} is a device array with strides {strides}: its last axis (head_dim) "
             "must be contiguous, the others may stride; give a view of such an array or "
             "a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)"
         )
     return x
+
+
+def _exported_view(name: str, x, dtypes: tuple[np.dtype, ...]):
+    """A numba view of the device memory x exports through DLPack (bfloat16 as uint16)."""
+    exported = dlpack.export(name, x)
+    names = [d.name for d in dtypes] + ["bfloat16"]
+    if exported.dtype not in names:
+        raise StepError(
+            f"{name} is a DLPack tensor of {exported.dtype}; give one of {names} (host arrays "
+            "of any float dtype are converted)"
+        )
+    return wrap_export(exported)
 
 
 def _numba_view(name: str, x):
@@ -71,10 +102,14 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = 
         )
     on_gpu = {np.dtype(x.dtype) for x in xs if not isinstance(x, np.ndarray)}
     if len(on_gpu) > 1:
-        raise StepError(
-            f"device arrays of {sorted(d.name for d in on_gpu)} in one call; give them one dtype"
-        )
+        names = sorted("bfloat16" if d == BFLOAT16 else d.name for d in on_gpu)
+        raise StepError(f"device arrays of {names} in one call; give them one dtype")
     on_host = {x.dtype for x in xs if isinstance(x, np.ndarray)}
+    if on_host and on_gpu == {BFLOAT16}:
+        raise StepError(
+            "a host array beside a bfloat16 device tensor: give both on the device, or both "
+            "on the host"
+        )
     if on_gpu:
         common = on_gpu.pop()
     elif len(on_host) == 1 and next(iter(on_host)) in dtypes:
@@ -90,9 +125,9 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = 
 
 
 def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
-    """The device array `attend` writes: `out` checked (a float32 or float16 device array
-    of `shape`, its last axis contiguous), or a new float32 one allocated on `stream` (not
-    while capturing)."""
+    """The device array `attend` writes: `out` checked (a float32, float16 or bfloat16
+    (DLPack) device tensor of `shape`, its last axis contiguous), or a new float32 one
+    allocated on `stream` (not while capturing)."""
     if out is None and capturing:
         raise StepError(
             f"attend() in a captured step needs out= (a float32 device array {list(shape)}): "
@@ -102,8 +137,8 @@ def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
         return cuda.device_array(shape, np.float32, stream=stream)
     if not is_device_array(out):
         raise StepError(
-            f"out is a {type(out).__name__}; give a float32 or float16 device array of shape "
-            f"{shape} (cuda.device_array) or None"
+            f"out is a {type(out).__name__}; give a float32, float16 or bfloat16 device "
+            f"tensor of shape {shape} (cuda.device_array, a torch or CuPy tensor) or None"
         )
     out = floats("out", out, Q_DTYPES)
     check_shape("out", out.shape, shape)

@@ -1,8 +1,9 @@
 """`Plans`: the device cache's attention plans and decode workspaces, each made once.
 
 A plan depends on the config and the step's width only (`attention.plan_attention`), so a
-cache keeps one per (mode, width, n_heads, window, storage kinds) and every layer of every
-later step of that shape just launches it; the decode kernels' split scratch is one per n_heads.
+cache keeps one per (mode, width, n_heads, window, storage kinds, q and out kinds) and every
+layer of every later step of that shape just launches it; the decode kernels' split scratch
+is one per n_heads.
 """
 
 from numbakv.cache.kernels import attention
@@ -11,7 +12,7 @@ from numbakv.errors import StepError
 
 
 class Plans:
-    """Attention plans by (mode, width, n_heads, window, kinds), and workspaces by n_heads."""
+    """Attention plans by (mode, width, n_heads, window, kinds, io), and workspaces by n_heads."""
 
     def __init__(self, config: CacheConfig, kinds: list[tuple[str, str]]):
         self.config = config
@@ -19,11 +20,13 @@ class Plans:
         self._plans: dict[tuple, attention.AttentionPlan] = {}
         self._workspaces: dict[int, tuple] = {}
 
-    def plan(self, mode: str, width: int, n_heads: int, layer: int) -> attention.AttentionPlan:
-        """The plan of `layer` in steps of this shape; a token reads at most capacity cells
-        (masked) or its window's or max_seq_len's (gathered)."""
+    def plan(self, mode: str, width: int, n_heads: int, layer: int,
+             io: tuple[str, str] = ("float", "float")) -> attention.AttentionPlan:  # fmt: skip
+        """The plan of `layer` in steps of this shape, for q and out of `io` (kinds of
+        `storage.IO_KINDS`); a token reads at most capacity cells (masked) or its window's or
+        max_seq_len's (gathered)."""
         window, kinds = self.config.windows[layer], self.kinds[layer]
-        key = (mode, width, n_heads, window if mode == "gathered" else 0, kinds)
+        key = (mode, width, n_heads, window if mode == "gathered" else 0, kinds, io)
         if key not in self._plans:
             cfg = self.config
             if mode == "masked":
@@ -31,7 +34,7 @@ class Plans:
             else:
                 max_len = attention.gathered_max_len(window, cfg.max_seq_len)
             self._plans[key] = attention.plan_attention(
-                mode, kinds, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len
+                mode, kinds, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len, io=io
             )
         return self._plans[key]
 

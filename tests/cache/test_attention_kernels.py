@@ -200,11 +200,11 @@ def test_launchers_pick_the_kernel_by_shape(final, monkeypatch):
 
     original = attention_launch.kernels
 
-    def spied(mode, k_kind, v_kind):  # (decode, prefill), each a Spy
-        pair = original(mode, k_kind, v_kind)
-        return tuple(
-            Spy(f"attend_{mode}_{shape}", k) for shape, k in zip(SHAPES, pair, strict=True)
-        )
+    def spied(mode, *kinds):  # (decode, merge, prefill), the attention kernels each a Spy
+        decode, merge, prefill = original(mode, *kinds)
+        shapes = dict(zip(SHAPES, (decode, prefill), strict=True))
+        spies = {shape: Spy(f"attend_{mode}_{shape}", k) for shape, k in shapes.items()}
+        return spies["decode"], merge, spies["prefill"]
 
     monkeypatch.setattr(attention_launch, "kernels", spied)
     for layer in range(2):
@@ -446,11 +446,15 @@ def test_plans_depend_on_the_shape_only():
     # from max_len, and the merge over width x n_heads x head_dim
     plan = plan_attention("masked", "float", 3, 4, 2, 16, 4096, kernel="decode", n_splits=5)
     assert isinstance(plan, AttentionPlan) and plan.is_decode and plan.n_splits == 5
-    assert plan.kernel is attention_launch.kernels("masked", "float", "float")[0]
+    decode, merge, _ = attention_launch.kernels("masked", "float", "float", "float", "float")
+    assert plan.kernel is decode and plan.merge is merge
     assert plan.merge_threads > 0 and plan.merge_grid
-    prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill")
+    io = ("bfloat16", "bfloat16")  # q and out of bfloat16 patterns: their own kernels
+    prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill", io=io)
     assert not prefill.is_decode and prefill.n_splits == 0
-    assert prefill.kernel is attention_launch.kernels("gathered", "bfloat16", "bfloat16")[1]
+    assert prefill.kernel is attention_launch.kernels("gathered", "bfloat16", "bfloat16", *io)[2]
+    assert prefill.kernel is not attention_launch.kernels("gathered", "bfloat16", "bfloat16",
+                                                          "float", "float")[2]  # fmt: skip
     default = plan_attention("gathered", "float", 2, 4, 2, 16, 1 << 20, kernel="decode")
     assert default.n_splits == choose_splits(1 << 20, 2 * 2)  # width x head blocks
     short = plan_attention("masked", "float", 2, 4, 2, 16, MIN_SPLIT_CELLS - 1, kernel="decode")

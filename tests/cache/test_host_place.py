@@ -22,6 +22,7 @@ from numbakv.config import CacheConfig
 from numbakv.errors import CacheError, CapacityError
 from numbakv.reference.table import CellTable
 
+from helpers import stable_id
 from table_pair import assert_same, config, step
 
 # -- place against find_cells + claim ------------------------------------------------
@@ -313,7 +314,7 @@ ODD_DECLARATIONS = [
 ]
 
 
-@pytest.mark.parametrize("seq_ids", ODD_DECLARATIONS, ids=repr)
+@pytest.mark.parametrize("seq_ids", ODD_DECLARATIONS, ids=stable_id)
 def test_odd_declarations_get_the_id_by_id_answer(seq_ids):
     cfg = declaration_config()
     for table in tables(cfg, LIVE, 10):

@@ -5,6 +5,7 @@ saturation); the float16 and e4m3 bit arithmetic equals NumPy's on every class o
 and the device cache passes the kit's table comparison (pool bytes, attention over the
 dequantized values, clones, rewinds and growth) over quantized and mixed configs."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -46,12 +47,15 @@ def adversarial(rng: np.random.Generator, n_heads: int, head_dim: int) -> np.nda
 
 @pytest.mark.parametrize("k_format", QUANTIZED)
 @pytest.mark.parametrize("v_format", (*QUANTIZED[:1], "float16"))
-@pytest.mark.parametrize("input_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("input_dtype", ["float32", "float16", "bfloat16"])
 def test_the_write_kernel_stores_the_reference_s_bytes(k_format, v_format, input_dtype):
+    # bfloat16 inputs arrive as their uint16 patterns (storage.IO_KINDS)
     rng = np.random.default_rng([QUANTIZED.index(k_format), len(v_format)])
     n_heads, head_dim, rows = 2, 64, 8
     k, v = adversarial(rng, n_heads, head_dim), adversarial(rng, n_heads, head_dim)
-    k, v = k.astype(input_dtype), v.astype(input_dtype)
+    dtype = ml_dtypes.bfloat16 if input_dtype == "bfloat16" else input_dtype
+    k, v = k.astype(dtype), v.astype(dtype)
+    inputs = [x.view(np.uint16) if input_dtype == "bfloat16" else x for x in (k, v)]
     scales = np.array([[0.25, 3.0], [2.0, 0.5]], np.float32)  # [K, V] x heads
     cells = np.array([3, -1, 0, 7, 5, 1], np.int32)  # a padded row is skipped
     before = [
@@ -66,8 +70,8 @@ def test_the_write_kernel_stores_the_reference_s_bytes(k_format, v_format, input
     step = cuda.to_device(host_step(cells, np.arange(6), np.zeros(6), 6, rows))
     kinds = tuple(KINDS.get(f, f) for f in (k_format, v_format))
     launch_scatter_kv(
-        cuda.to_device(k),
-        cuda.to_device(v),
+        cuda.to_device(inputs[0]),
+        cuda.to_device(inputs[1]),
         *pools,
         step,
         6,

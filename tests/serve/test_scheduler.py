@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from numbakv.errors import ConfigError
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 
+from helpers import stable_id
+
 
 def D(session: int) -> Task:
     return Task(session, "decode", 1)
@@ -130,7 +132,7 @@ BAD_TASKS = [
 ]
 
 
-@pytest.mark.parametrize("bad", BAD_TASKS, ids=repr)
+@pytest.mark.parametrize("bad", BAD_TASKS, ids=stable_id)
 def test_submit_is_atomic(bad):
     group = [P(0, 5), D(1), P(2, 3)]
     sched, twin = DecodeFirstScheduler(4, 2, 3), DecodeFirstScheduler(4, 2, 3)

@@ -18,7 +18,7 @@ from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task
 from numbakv.serve.tokenizer import ByteTokenizer
 
-from helpers import full_state, solo_generate, step_with, tiny_model
+from helpers import full_state, solo_generate, stable_id, step_with, tiny_model
 
 MODEL = tiny_model(seed=2)
 
@@ -97,7 +97,7 @@ SUBMIT_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("kwargs, error, match", SUBMIT_REFUSALS, ids=repr)
+@pytest.mark.parametrize("kwargs, error, match", SUBMIT_REFUSALS, ids=stable_id)
 def test_submit_refusals_change_nothing(kwargs, error, match):
     engine = Engine(new_executor())
     engine.submit("warm", max_new_tokens=4)
@@ -207,7 +207,7 @@ EXECUTE_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("inputs, error, match", EXECUTE_REFUSALS, ids=repr)
+@pytest.mark.parametrize("inputs, error, match", EXECUTE_REFUSALS, ids=stable_id)
 def test_execute_refusals_change_nothing(inputs, error, match):
     ex = new_executor()
     a, b = ex.open_session(Sampling(temperature=1.0, seed=3)), ex.open_session()

@@ -17,7 +17,7 @@ from numbakv.reference import CellCache
 from numbakv.trace import Annotation, Recorder, Trace, load_trace
 from numbakv.trace.file import STEP_EVENT
 
-from helpers import churn, npy, small_config, step_with
+from helpers import churn, npy, small_config, stable_id, step_with
 
 
 def assert_same_trace(got: Trace, expect: Trace) -> None:
@@ -175,7 +175,7 @@ def test_a_bad_kind_is_refused_changing_nothing(kind):
     assert cache.snapshot() == table
 
 
-@pytest.mark.parametrize("data", BAD_DATA, ids=lambda d: repr(d)[:30])
+@pytest.mark.parametrize("data", BAD_DATA, ids=lambda d: stable_id(d)[:30])
 def test_bad_data_is_refused_naming_the_key_changing_nothing(data):
     recorder, cache = annotated_trace()
     before, table = recorder.trace(), cache.snapshot()

@@ -20,32 +20,38 @@ from numbakv.cache.kernels.quant import (
     e4m3_bits,
     store_q4_0,
     store_q8_0,
+    widen_bfloat16,
 )
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, STEP, WIDTH
 from numbakv.cache.kernels.storage import (
-    FLOAT_STORAGE,
+    IO_KINDS,
     KINDS,
+    io_kind,
     kind_of_dtype,
     narrow_bfloat16,
     pool_dtypes,
     unit_scales,
 )
 
-FLOATS = FLOAT_STORAGE  # the step's K/V dtypes: the float storage dtypes
 KV_SCALES = "float32[:, ::1]"  # [2 (K, V), n_kv_heads]: fp8 scales of the layer
 # (K kind, V kind) pairs made at import, which the suite compiles to PTX: each kind as K and as
 # V (the K and the V code of a kernel are independent branches, so a mixed pair, made on
 # first use, compiles what these do)
 PAIRS = tuple((k, k) for k in KINDS)
+# ... and the one scatter of bfloat16 inputs made at import (its read is one branch of every
+# store: float pools stand for the others)
+BFLOAT16_INPUT = ("float", "float", "bfloat16")
 
 
-def scatter_signatures(k_kind: str, v_kind: str) -> list[str]:
-    """Every (input dtype, K pool dtype, V pool dtype): k, v, k_pool, v_pool, kv_scales, step."""
+def scatter_signatures(k_kind: str, v_kind: str, in_kind: str = "float") -> list[str]:
+    """Every (input dtype, K pool dtype, V pool dtype): k, v, k_pool, v_pool, kv_scales, step;
+    float32 pools only for bfloat16 inputs (`BFLOAT16_INPUT`)."""
+    pools = pool_dtypes(k_kind, v_kind)
     return [
         f"void({x}[:, :, ::1], {x}[:, :, ::1], {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, "
         f"{STEP})"
-        for x in FLOATS
-        for ks, vs in pool_dtypes(k_kind, v_kind)
+        for x in IO_KINDS[in_kind][1]
+        for ks, vs in (pools if in_kind == "float" else pools[:1])
     ]
 
 
@@ -53,11 +59,12 @@ def scatter_signatures(k_kind: str, v_kind: str) -> list[str]:
 PREPARE_TOKENS_SIGNATURES = [f"void({STEP}, int32[::1], uint64[:, ::1], int32[:, ::1], int32[::1])"]
 
 
-def make_store(kind: str):
-    """The device function that stores one of K or V of the step in pool format `kind`,
-    over the whole grid: per (t, h, d) for element formats, per (t, h, block) for q8_0 and
-    q4_0 (a block's scale needs its 32 values). A closure constant picks the branch."""
-    code = KINDS[kind][0]
+def make_store(kind: str, in_kind: str):
+    """The device function that stores one of K or V of the step (of `in_kind`,
+    `storage.IO_KINDS`) in pool format `kind`, over the whole grid: per (t, h, d) for element
+    formats, per (t, h, block) for q8_0 and q4_0 (a block's scale needs its 32 values).
+    Closure constants pick the branches."""
+    code, in_code = KINDS[kind][0], IO_KINDS[in_kind][0]
     is_blocked = code in (Q8_0, Q4_0)
 
     def store(src, pool, scales, which, step, width):
@@ -73,24 +80,26 @@ def make_store(kind: str):
                 j = i - t * row
                 h = j // per_head
                 d = j - h * per_head
-                if code == FLOAT:  # the cast rounds to nearest even, like astype
-                    pool[cell, h, d] = src[t, h, d]
-                elif code == BFLOAT16:
-                    pool[cell, h, d] = narrow_bfloat16(src[t, h, d])
-                elif code == Q8_0:
-                    store_q8_0(src, pool, t, cell, h, d)
+                if code == Q8_0:
+                    store_q8_0(src, pool, t, cell, h, d, in_code)
                 elif code == Q4_0:
-                    store_q4_0(src, pool, t, cell, h, d)
+                    store_q4_0(src, pool, t, cell, h, d, in_code)
                 else:
-                    x = np.float32(src[t, h, d]) / scales[which, h]
-                    pool[cell, h, d] = np.uint8(e4m3_bits(x))
+                    x = src[t, h, d] if in_code == FLOAT else widen_bfloat16(src[t, h, d])
+                    if code == FLOAT:  # the cast rounds to nearest even, like astype
+                        pool[cell, h, d] = x
+                    elif code == BFLOAT16:
+                        pool[cell, h, d] = narrow_bfloat16(x)
+                    else:
+                        pool[cell, h, d] = np.uint8(e4m3_bits(np.float32(x) / scales[which, h]))
 
     return device_function(store)
 
 
-def make_scatter(k_kind: str, v_kind: str):
-    """The scatter kernel of pools of (k_kind, v_kind) (`storage.KINDS`)."""
-    store_k, store_v = make_store(k_kind), make_store(v_kind)
+def make_scatter(k_kind: str, v_kind: str, in_kind: str):
+    """The scatter kernel of pools of (k_kind, v_kind) (`storage.KINDS`) from k and v of
+    `in_kind` (`storage.IO_KINDS`)."""
+    store_k, store_v = make_store(k_kind, in_kind), make_store(v_kind, in_kind)
 
     def scatter_kv(k, v, k_pool, v_pool, kv_scales, step):
         """Stores K and V of each token t < width into pool row cells[t], in the pools'
@@ -118,21 +127,30 @@ def kind_name(k_kind: str, v_kind: str) -> str:
     return f"_{k_kind}_{v_kind}"
 
 
-SCATTERS: dict[tuple[str, str], object] = {}
+def io_name(q_kind: str = "float", out_kind: str = "float") -> str:
+    """A kernel's suffix for the kinds of what it reads and writes beside the pools: "" for
+    float arrays, "_q_bf16" (k, v or q of bfloat16 patterns), "_out_bf16"."""
+    return ("_q_bf16" if q_kind == "bfloat16" else "") + (
+        "_out_bf16" if out_kind == "bfloat16" else ""
+    )
 
 
-def scatter_kernel(k_kind: str, v_kind: str):
-    """The scatter kernel of (k_kind, v_kind), made (and registered for PTX) on first use."""
-    if (k_kind, v_kind) not in SCATTERS:
-        name = f"scatter_kv{kind_name(k_kind, v_kind)}"
-        SCATTERS[k_kind, v_kind] = kernel(scatter_signatures(k_kind, v_kind), name=name)(
-            make_scatter(k_kind, v_kind)
-        )
-    return SCATTERS[k_kind, v_kind]
+SCATTERS: dict[tuple[str, str, str], object] = {}
+
+
+def scatter_kernel(k_kind: str, v_kind: str, in_kind: str = "float"):
+    """The scatter kernel of (k_kind, v_kind) from inputs of `in_kind`, made (and registered
+    for PTX) on first use."""
+    key = (k_kind, v_kind, in_kind)
+    if key not in SCATTERS:
+        name = f"scatter_kv{kind_name(k_kind, v_kind)}{io_name(in_kind)}"
+        SCATTERS[key] = kernel(scatter_signatures(*key), name=name)(make_scatter(*key))
+    return SCATTERS[key]
 
 
 for _pair in PAIRS:
     scatter_kernel(*_pair)
+scatter_kernel(*BFLOAT16_INPUT)
 
 
 @kernel(PREPARE_TOKENS_SIGNATURES)
@@ -158,8 +176,8 @@ def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0, *, kinds
                       kv_scales=None) -> None:  # fmt: skip
     """Writes the step's K and V rows into `pool[cells[t]]` for t < width, skipping cells -1.
 
-    k, v           : device array, shape [>= width, n_kv_heads, head_dim], float32 or float16
-                     (both the same)
+    k, v           : device array, shape [>= width, n_kv_heads, head_dim], float32, float16
+                     or uint16 (bfloat16 bit patterns), both the same
     k_pool, v_pool : device array, shape [rows, n_kv_heads, row_width] (docs/contract.md
                      §4.1): float32, float16, uint16 (bfloat16 bit patterns) or uint8
                      (quantized); values are stored in each pool's format
@@ -172,6 +190,8 @@ def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0, *, kinds
                      ones: needed only for fp8 pools)
     """
     check_extent("width", width, step.shape[1], len(k), len(v))
+    if k.dtype != v.dtype:
+        raise ValueError(f"k is {k.dtype} and v {v.dtype}: give both one dtype")
     n_items = width * k.shape[1] * k.shape[2]
     if n_items == 0:
         return
@@ -179,7 +199,8 @@ def launch_scatter_kv(k, v, k_pool, v_pool, step, width: int, stream=0, *, kinds
     if kv_scales is None:
         kv_scales = unit_scales(k.shape[1], stream)
     grid, threads = launch_dims(n_items)
-    launch(scatter_kernel(*kinds), grid, threads, stream, k, v, k_pool, v_pool, kv_scales, step)
+    scatter = scatter_kernel(*kinds, io_kind(k.dtype))
+    launch(scatter, grid, threads, stream, k, v, k_pool, v_pool, kv_scales, step)
 
 
 def launch_prepare_tokens(

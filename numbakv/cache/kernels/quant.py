@@ -20,6 +20,7 @@ HALF_NAN = np.int32(0x7E00)
 HALF = np.float32(0.5)
 FP8_SATURATED = np.int32(0x7E)  # 448
 FP8_NAN = np.int32(0x7F)
+SHIFT = np.int32(16)  # a bfloat16 pattern's place in a float32
 
 
 @device_function
@@ -53,6 +54,20 @@ def half_value(bits):
     return int_as_float(
         sign | ((exponent + np.int32(112)) << np.int32(23)) | (mantissa << np.int32(13))
     )
+
+
+@device_function
+def widen_bfloat16(bits):
+    """The float32 value of a bfloat16 bit pattern (exact: the pattern is its top half)."""
+    return int_as_float(np.int32(np.int32(bits) << SHIFT))
+
+
+@device_function
+def read(src, t, h, d, in_code):
+    """src[t, h, d] as float32: a float cast, or a bfloat16 pattern widened (in_code)."""
+    if in_code == BFLOAT16:
+        return widen_bfloat16(src[t, h, d])
+    return np.float32(src[t, h, d])
 
 
 @device_function
@@ -123,34 +138,36 @@ def store_scale(pool, cell, h, base, d, is_finite):
 
 
 @device_function
-def store_q8_0(src, pool, t, cell, h, b):
-    """Block b of src[t, h] as q8_0 into pool[cell, h]: d = amax / 127, roundf(x * (1/d))."""
+def store_q8_0(src, pool, t, cell, h, b, in_code):
+    """Block b of src[t, h] (float, or bfloat16 patterns: in_code) as q8_0 into
+    pool[cell, h]: d = amax / 127, roundf(x * (1/d))."""
     d0 = b * BLOCK
     base = b * Q8_BYTES
     amax = np.float32(0.0)
     is_finite = True
     for e in range(BLOCK):
-        x = np.float32(src[t, h, d0 + e])
+        x = read(src, t, h, d0 + e, in_code)
         is_finite = is_finite and x - x == np.float32(0.0)  # NaN and ±inf give NaN
         amax = max(amax, abs(x))
     d = amax / np.float32(127.0)
     inv = store_scale(pool, cell, h, base, d, is_finite)
     for e in range(BLOCK):
-        code = roundf(mul_rn(np.float32(src[t, h, d0 + e]), inv)) if is_finite else np.int32(0)
+        code = roundf(mul_rn(read(src, t, h, d0 + e, in_code), inv)) if is_finite else np.int32(0)
         pool[cell, h, base + 2 + e] = np.uint8(code & np.int32(0xFF))
 
 
 @device_function
-def store_q4_0(src, pool, t, cell, h, b):
-    """Block b of src[t, h] as q4_0 into pool[cell, h]: d = (first value of largest
-    magnitude) / -8, codes min(15, trunc(x * (1/d) + 8.5)), two per byte."""
+def store_q4_0(src, pool, t, cell, h, b, in_code):
+    """Block b of src[t, h] (float, or bfloat16 patterns: in_code) as q4_0 into
+    pool[cell, h]: d = (first value of largest magnitude) / -8, codes min(15, trunc(x * (1/d)
+    + 8.5)), two per byte."""
     d0 = b * BLOCK
     base = b * Q4_BYTES
     amax = np.float32(0.0)
     largest = np.float32(0.0)
     is_finite = True
     for e in range(BLOCK):
-        x = np.float32(src[t, h, d0 + e])
+        x = read(src, t, h, d0 + e, in_code)
         is_finite = is_finite and x - x == np.float32(0.0)
         if amax < abs(x):
             amax = abs(x)
@@ -160,8 +177,8 @@ def store_q4_0(src, pool, t, cell, h, b):
     for j in range(BLOCK // 2):
         low, high = np.int32(8), np.int32(8)
         if is_finite:
-            x0 = add_rn(mul_rn(np.float32(src[t, h, d0 + j]), inv), np.float32(8.5))
-            x1 = add_rn(mul_rn(np.float32(src[t, h, d0 + j + 16]), inv), np.float32(8.5))
+            x0 = add_rn(mul_rn(read(src, t, h, d0 + j, in_code), inv), np.float32(8.5))
+            x1 = add_rn(mul_rn(read(src, t, h, d0 + j + 16, in_code), inv), np.float32(8.5))
             low, high = min(np.int32(15), np.int32(x0)), min(np.int32(15), np.int32(x1))
         pool[cell, h, base + 2 + j] = np.uint8(low | (high << np.int32(4)))
 

@@ -2,6 +2,10 @@
 its 16-bit pattern (uint16, the top half of a float32) and widened or rounded by bit
 arithmetic, which runs the same on the simulator and on every GPU; q8_0, q4_0 and fp8_e4m3
 as bytes (`quant`).
+
+The arrays a step reads and writes (k, v, q, out) come in two kinds, `IO_KINDS`: "float"
+(float32 or float16, which numba casts) and "bfloat16" (uint16 bit patterns, as a DLPack
+bfloat16 tensor arrives), widened and narrowed like bfloat16 pools.
 """
 
 import numpy as np
@@ -23,6 +27,15 @@ KINDS = {
     "q4_0": (quant.Q4_0, BYTE_STORAGE),
     "fp8_e4m3": (quant.FP8, BYTE_STORAGE),
 }
+
+
+# kind of a step's k, v, q or out -> (its code in kernels, its array dtypes)
+IO_KINDS = {"float": (quant.FLOAT, FLOAT_STORAGE), "bfloat16": (quant.BFLOAT16, BFLOAT16_STORAGE)}
+
+
+def io_kind(dtype) -> str:
+    """The kind of a step's k, v, q or out array of `dtype`: uint16 holds bfloat16 patterns."""
+    return "bfloat16" if np.dtype(dtype).name in BFLOAT16_STORAGE else "float"
 
 
 def pool_dtypes(k_kind: str, v_kind: str) -> list[tuple[str, str]]:

@@ -25,26 +25,26 @@ from numbakv.cache.kernels.attention.tiles import (
     LO,
     PARTIALS,
     TOKEN_ROWS,
-    Q,
     T,
 )
 from numbakv.cache.kernels.placement import KV_SCALES
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
 
-def signatures(view: str, pools: list[tuple[str, str]]) -> list[str]:
+def signatures(view: str, pools: list[tuple[str, str]], q: str, out: str) -> list[str]:
     """q, k_pool, v_pool, kv_scales, step, view, scale, n_splits, part_acc, part_m, part_l;
-    per (K pool dtype, V pool dtype)."""
+    per (K pool dtype, V pool dtype); `out` unused (the merge writes it)."""
     return [
-        f"void({Q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, "
+        f"void({q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, "
         f"int32, {PARTIALS})"
         for ks, vs in pools
     ]
 
 
-def make_decode(token, flags, load_tile):
+def make_decode(token, flags, load_tile, start_rows, write_rows):
     """The decode kernel over the view that `token` and `flags` read (see `views`), for the
-    storage kind `load_tile` reads (`tiles.make_load_tile`)."""
+    storage kind `load_tile` reads (`tiles.make_load_tile`) and the q `start_rows` reads
+    (`tiles.make_start_rows`); it writes partials, not out (`write_rows` unused)."""
 
     def attend_decode(
         q, k_pool, v_pool, kv_scales, step, view, scale, n_splits, part_acc, part_m, part_l
@@ -87,9 +87,7 @@ def make_decode(token, flags, load_tile):
                             tok_s[HI, 0] = end
                         cuda.syncthreads()
                         # one token: every row is a head, so n_rows heads per token
-                        tiles.start_rows(
-                            q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_rows, h0, head_dim
-                        )
+                        start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_rows, h0, head_dim)
                         for j0 in range(start, end, DECODE_TILE):
                             if flags(view, ok_s, cell_s, tok_s, 1, key, j0, k_pool.shape[0]):
                                 load_tile(
@@ -107,5 +105,5 @@ def make_decode(token, flags, load_tile):
     return attend_decode
 
 
-# (mode, K kind, V kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
-KERNELS = views.build(make_decode, signatures, "decode")
+# (mode, K kind, V kind, q kind, out kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
+KERNELS = views.build(make_decode, signatures, "decode", ("bfloat16", "float"))

@@ -26,7 +26,7 @@ import numpy as np
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import storage
 from numbakv.cache.kernels.attention import decode, prefill
-from numbakv.cache.kernels.attention.merge import merge_splits
+from numbakv.cache.kernels.attention.merge import merge_kernel
 from numbakv.cache.kernels.attention.tiles import (
     DECODE_ROWS,
     HEAD_DIM_MAX,
@@ -48,20 +48,26 @@ MAX_SPLITS = 32  # splits per token, at most
 SPLIT_TARGET_BLOCKS_PER_SM = 4  # decode blocks wanted per multiprocessor
 
 
-def kernels(mode: str, k_kind: str, v_kind: str) -> tuple:
-    """(decode kernel, prefill kernel) of `mode` over pools of (k_kind, v_kind)."""
-    return decode.KERNELS(mode, k_kind, v_kind), prefill.KERNELS(mode, k_kind, v_kind)
+def kernels(mode: str, k_kind: str, v_kind: str, q_kind: str, out_kind: str) -> tuple:
+    """(decode kernel, merge kernel, prefill kernel) of `mode` over pools of (k_kind,
+    v_kind), for q and out of (q_kind, out_kind) (`storage.IO_KINDS`)."""
+    return (
+        decode.KERNELS(mode, k_kind, v_kind, q_kind),
+        merge_kernel(out_kind),
+        prefill.KERNELS(mode, k_kind, v_kind, q_kind, out_kind),
+    )
 
 
 @dataclass(frozen=True)
 class AttentionPlan:
     """How attention launches for steps of one width: the kernel, its grid and block, the
-    decode splits (0 for prefill) and the merge's grid and block."""
+    decode splits (0 for prefill) and the merge kernel, its grid and block."""
 
     kernel: object
     grid: tuple
     threads: int
     n_splits: int
+    merge: object = None
     merge_grid: tuple = ()
     merge_threads: int = 0
 
@@ -127,14 +133,15 @@ def split_workspace(
 def plan_attention(
     mode: str, kind: str, width: int, n_heads: int, n_kv_heads: int, head_dim: int,
     max_len: int, *, kernel: str | None = None, n_splits: int | None = None,
+    io: tuple[str, str] = ("float", "float"),
 ) -> AttentionPlan:  # fmt: skip
     """The plan of `mode` ("masked" or "gathered") over pools of storage `kind` (a
     `storage.KINDS` name, or a (K kind, V kind) pair) for steps of `width` tokens; `max_len`
     bounds a token's range (for splits).
     kernel: None (by `is_decode_shape`), "decode" or "prefill" forces one; n_splits: the
-    decode splits (default `choose_splits`)."""
-    decode_kernel, prefill_kernel = kernels(
-        mode, *((kind, kind) if isinstance(kind, str) else kind)
+    decode splits (default `choose_splits`); io: the kinds of q and out (`storage.IO_KINDS`)."""
+    decode_kernel, merge, prefill_kernel = kernels(
+        mode, *((kind, kind) if isinstance(kind, str) else kind), *io
     )
     if not _pick(kernel, width, n_heads, n_kv_heads):
         grid, threads = attention_grid(*_prefill_blocks(width, n_heads, n_kv_heads))
@@ -143,7 +150,7 @@ def plan_attention(
     n_splits = n_splits or choose_splits(max_len, width * n_head_blocks)
     grid, threads = attention_grid(n_splits, n_head_blocks, width)
     merge_grid, merge_threads = launch_dims(width * n_heads * head_dim)
-    return AttentionPlan(decode_kernel, grid, threads, n_splits, merge_grid, merge_threads)
+    return AttentionPlan(decode_kernel, grid, threads, n_splits, merge, merge_grid, merge_threads)
 
 
 def run_attention(plan: AttentionPlan, q, k_pool, v_pool, kv_scales, step, view, scale, out,
@@ -160,7 +167,7 @@ def run_attention(plan: AttentionPlan, q, k_pool, v_pool, kv_scales, step, view,
     n_splits = np.int32(plan.n_splits)
     args = (*pools, n_splits, *workspace)
     launch(plan.kernel, grid, threads, stream, *args)
-    launch(merge_splits, plan.merge_grid, plan.merge_threads, stream, *workspace, step, n_splits,
+    launch(plan.merge, plan.merge_grid, plan.merge_threads, stream, *workspace, step, n_splits,
            out)  # fmt: skip
 
 
@@ -171,7 +178,8 @@ def launch_attend_masked(
 ) -> None:  # fmt: skip
     """out[t, h] = softmax over the cells mask[t] allows of q[t, h]·K·scale, applied to V.
 
-    q              : device array, shape [>= width, n_heads, head_dim], float32
+    q              : device array, shape [>= width, n_heads, head_dim], float32, float16 or
+                     uint16 (bfloat16 bit patterns)
     k_pool, v_pool : device array, shape [rows >= read_len, n_kv_heads, row_width]
                      (docs/contract.md §4.1): float32, float16, uint16 (bfloat16 bit
                      patterns) or uint8 (quantized); query head h reads KV head
@@ -182,8 +190,9 @@ def launch_attend_masked(
                      width and read_len are `width` and `read_len`
     width          : tokens of the step; read_len: cells [0, read_len) are swept
     scale          : the score scale (cast to float32)
-    out            : device array, shape [>= width, n_heads, head_dim], float32; rows
-                     [0, width) written (0 where a token sees no cell), the rest untouched
+    out            : device array, shape [>= width, n_heads, head_dim], as q's dtypes (uint16:
+                     bfloat16 patterns, rounded to nearest even); rows [0, width) written (0
+                     where a token sees no cell), the rest untouched
     kernel         : None (by the step's shape), "decode" or "prefill": forces one
     n_splits       : decode splits per token (default `choose_splits` of read_len)
     workspace      : `split_workspace(...)` scratch for the decode partials (default: a
@@ -212,7 +221,8 @@ def launch_attend_gathered(
     reads exactly the cells seq_cells[s, lo : p + 1], lo = max(0, p - window + 1) if
     window > 0 else 0.
 
-    q              : device array, shape [>= width, n_heads, head_dim], float32
+    q              : device array, shape [>= width, n_heads, head_dim], as in
+                     `launch_attend_masked`
     k_pool, v_pool : device array, shape [rows, n_kv_heads, row_width], as in
                      `launch_attend_masked`
     seq_cells      : device array, shape [max_seqs, max_seq_len], int32: row s holds
@@ -222,8 +232,8 @@ def launch_attend_gathered(
                      max_seq_len
     width          : tokens of the step; window: 0 = global, W > 0
     scale          : the score scale (cast to float32)
-    out            : device array, shape [>= width, n_heads, head_dim], float32; rows
-                     [0, width) written, the rest untouched
+    out            : device array, shape [>= width, n_heads, head_dim], as in
+                     `launch_attend_masked`; rows [0, width) written, the rest untouched
     kernel, n_splits, workspace, kinds, kv_scales : as in `launch_attend_masked`
     max_len        : the longest range a token reads, for choosing splits (default the
                      window, or max_seq_len for global attention)
@@ -253,7 +263,7 @@ def _launch(
         kv_scales = storage.unit_scales(k_pool.shape[1], stream)
     plan = plan_attention(
         mode, kinds, width, n_heads, k_pool.shape[1], head_dim, max_len,
-        kernel=kernel, n_splits=n_splits,
+        kernel=kernel, n_splits=n_splits, io=(storage.io_kind(q.dtype), storage.io_kind(out.dtype)),
     )  # fmt: skip
     if plan.is_decode:
         workspace = _partials(workspace, width, n_heads, head_dim, plan.n_splits, stream)
@@ -304,8 +314,11 @@ def _check_shapes(q, k_pool, v_pool, out, kinds) -> tuple[str, str]:
             )
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    if {np.dtype(q.dtype).name, np.dtype(out.dtype).name} - {"float32", "float16"}:
-        raise ValueError(f"q and out must be float32 or float16, got {q.dtype} and {out.dtype}")
+    if {np.dtype(q.dtype).name, np.dtype(out.dtype).name} - {"float32", "float16", "uint16"}:
+        raise ValueError(
+            f"q and out must be float32, float16 or uint16 (bfloat16 patterns), got {q.dtype} "
+            f"and {out.dtype}"
+        )
     return kinds
 
 

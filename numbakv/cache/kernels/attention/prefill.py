@@ -24,18 +24,17 @@ from numbakv.cache.kernels.attention.tiles import (
     PREFILL_ROWS,
     PREFILL_TILE,
     TOKEN_ROWS,
-    Q,
     T,
 )
 from numbakv.cache.kernels.placement import KV_SCALES
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
 
 
-def signatures(view: str, pools: list[tuple[str, str]]) -> list[str]:
+def signatures(view: str, pools: list[tuple[str, str]], q: str, out: str) -> list[str]:
     """q, k_pool, v_pool, kv_scales, step, view, scale, out;
     per (K pool dtype, V pool dtype)."""
     return [
-        f"void({Q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, {Q})"
+        f"void({q}, {ks}[:, :, ::1], {vs}[:, :, ::1], {KV_SCALES}, {STEP}, {view}, float32, {out})"
         for ks, vs in pools
     ]
 
@@ -63,9 +62,10 @@ def next_sweep(tok_s, is_todo_s, sweep_s, n_tok):
     return key, lo, hi
 
 
-def make_prefill(token, flags, load_tile):
+def make_prefill(token, flags, load_tile, start_rows, write_rows):
     """The prefill kernel over the view that `token` and `flags` read (see `views`), for the
-    storage kind `load_tile` reads (`tiles.make_load_tile`)."""
+    storage kind `load_tile` reads (`tiles.make_load_tile`) and the q and out that
+    `start_rows` and `write_rows` read and write (`tiles.make_start_rows`, `make_write_rows`)."""
 
     def attend_prefill(q, k_pool, v_pool, kv_scales, step, view, scale, out):
         """Attention of a tile of tokens x heads of one KV group over the cells they see."""
@@ -104,7 +104,7 @@ def make_prefill(token, flags, load_tile):
                     is_todo_s[k] = 1 if lo < hi else 0  # a token that sees nothing gives 0
                 cuda.syncthreads()
                 n_rows = n_tok * n_heads_here
-                tiles.start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_heads_here, h0, head_dim)
+                start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_heads_here, h0, head_dim)
                 key, lo, hi = next_sweep(tok_s, is_todo_s, sweep_s, n_tok)
                 while key >= 0:
                     for j0 in range(lo, hi, PREFILL_TILE):
@@ -117,10 +117,10 @@ def make_prefill(token, flags, load_tile):
                                 n_rows, n_heads_here, head_dim, scale,
                             )  # fmt: skip
                     key, lo, hi = next_sweep(tok_s, is_todo_s, sweep_s, n_tok)
-                tiles.write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_heads_here, h0, head_dim)
+                write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_heads_here, h0, head_dim)
 
     return attend_prefill
 
 
-# (mode, K kind, V kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
-KERNELS = views.build(make_prefill, signatures, "prefill")
+# (mode, K kind, V kind, q kind, out kind) -> kernel, e.g. KERNELS("gathered", "q8_0", "q8_0")
+KERNELS = views.build(make_prefill, signatures, "prefill", ("bfloat16", "bfloat16"))

@@ -51,7 +51,15 @@ ONE = np.float32(1.0)
 SHIFT = np.int32(16)  # a bfloat16 pattern's place in a float32
 
 STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16, uint8)
-Q = "float32[:, :, ::1]"  # signature of q and out: [>= width, n_heads, head_dim]
+
+
+def io_signature(io_kind: str) -> str:
+    """The signature of a q or out of `io_kind` made at import: [>= width, n_heads, head_dim]
+    float32, or uint16 (bfloat16 patterns)."""
+    return f"{storage.IO_KINDS[io_kind][1][0]}[:, :, ::1]"
+
+
+Q = io_signature("float")  # q and out of float32
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
 
@@ -81,20 +89,30 @@ def split_range(lo, hi, split, n_splits):
     return start, min(hi, start + size)
 
 
-@device_function
-def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
-    """Loads the rows' queries, zeroes their accumulators, m = -inf and l = EMPTY."""
-    # q: [>= width, n_heads, head_dim]  q_s: [rows, K_STRIDE]  acc_s: [rows, HEAD_DIM_MAX]
-    tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
-    for i in range(tid, n_rows * head_dim, n_threads):
-        r = i // head_dim
-        d = i - r * head_dim
-        q_s[r, d] = q[tok_s[T, r // n_hb], h0 + r % n_hb, d]
-        acc_s[r, d] = ZERO
-    for r in range(tid, n_rows, n_threads):
-        m_s[r] = NEG_INF
-        l_s[r] = EMPTY
-    cuda.syncthreads()
+def make_start_rows(q_kind: str):
+    """The row starter of a q of `q_kind` (`storage.IO_KINDS`: float, or bfloat16 patterns
+    widened inline, where a device function call would cost the simulator a module swap)."""
+    q_code = storage.IO_KINDS[q_kind][0]
+
+    def start_rows(q_s, acc_s, m_s, l_s, q, tok_s, n_rows, n_hb, h0, head_dim):
+        """Loads the rows' queries, zeroes their accumulators, m = -inf and l = EMPTY."""
+        # q: [>= width, n_heads, head_dim]  q_s: [rows, K_STRIDE]  acc_s: [rows, HEAD_DIM_MAX]
+        tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
+        for i in range(tid, n_rows * head_dim, n_threads):
+            r = i // head_dim
+            d = i - r * head_dim
+            x = q[tok_s[T, r // n_hb], h0 + r % n_hb, d]
+            if q_code == quant.FLOAT:
+                q_s[r, d] = x
+            else:
+                q_s[r, d] = int_as_float(np.int32(np.int32(x) << SHIFT))
+            acc_s[r, d] = ZERO
+        for r in range(tid, n_rows, n_threads):
+            m_s[r] = NEG_INF
+            l_s[r] = EMPTY
+        cuda.syncthreads()
+
+    return device_function(start_rows)
 
 
 def make_load_tile(k_kind: str, v_kind: str):
@@ -204,21 +222,31 @@ def tile_update(
     cuda.syncthreads()
 
 
-@device_function
-def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
-    """out[t, h] = the row's weighted mean; 0 where the row saw nothing, NaN where its max is
-    not finite (a NaN or an infinite score)."""
-    # out: [>= width, n_heads, head_dim]
-    for i in range(cuda.threadIdx.x, n_rows * head_dim, cuda.blockDim.x):
-        r = i // head_dim
-        d = i - r * head_dim
-        value = acc_s[r, d]
-        if l_s[r] == EMPTY:
-            value = ZERO
-        elif not NEG_INF < m_s[r] < POS_INF:
-            value = NAN
-        out[tok_s[T, r // n_hb], h0 + r % n_hb, d] = value
-    cuda.syncthreads()
+def make_write_rows(out_kind: str):
+    """The row writer of an out of `out_kind` (`storage.IO_KINDS`: float, or bfloat16
+    patterns, rounded to nearest even as a bfloat16 pool stores)."""
+    out_code = storage.IO_KINDS[out_kind][0]
+
+    def write_rows(out, acc_s, m_s, l_s, tok_s, n_rows, n_hb, h0, head_dim):
+        """out[t, h] = the row's weighted mean; 0 where the row saw nothing, NaN where its
+        max is not finite (a NaN or an infinite score)."""
+        # out: [>= width, n_heads, head_dim]
+        for i in range(cuda.threadIdx.x, n_rows * head_dim, cuda.blockDim.x):
+            r = i // head_dim
+            d = i - r * head_dim
+            value = acc_s[r, d]
+            if l_s[r] == EMPTY:
+                value = ZERO
+            elif not NEG_INF < m_s[r] < POS_INF:
+                value = NAN
+            t, h = tok_s[T, r // n_hb], h0 + r % n_hb
+            if out_code == quant.FLOAT:
+                out[t, h, d] = value
+            else:
+                out[t, h, d] = storage.narrow_bfloat16(value)
+        cuda.syncthreads()
+
+    return device_function(write_rows)
 
 
 @device_function

@@ -26,8 +26,17 @@ import numpy as np
 
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function, kernel
-from numbakv.cache.kernels.attention.tiles import HI, KEY, LO, T, make_load_tile
-from numbakv.cache.kernels.placement import PAIRS, kind_name
+from numbakv.cache.kernels.attention.tiles import (
+    HI,
+    KEY,
+    LO,
+    T,
+    io_signature,
+    make_load_tile,
+    make_start_rows,
+    make_write_rows,
+)
+from numbakv.cache.kernels.placement import PAIRS, io_name, kind_name
 from numbakv.cache.kernels.step_buffer import POSITIONS, READ_LEN, SCALARS, SEQ_IDS
 from numbakv.cache.kernels.storage import pool_dtypes
 
@@ -99,28 +108,38 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
     return cuda.syncthreads_or(is_any)
 
 
-def build(make: Callable, signatures: Callable, shape: str) -> Callable:
-    """`kernels(mode, k_kind, v_kind)` of one shape ("decode" or "prefill"): `make(token,
-    flags, load_tile)` over the mode's view for pools of (k_kind, v_kind), made on first
-    use and registered as attend_{mode}_{shape}{placement.kind_name}; the pairs of
-    `placement.PAIRS` are made at import, so that the suite compiles them to PTX."""
+def build(make: Callable, signatures: Callable, shape: str, io: tuple[str, str]) -> Callable:
+    """`kernels(mode, k_kind, v_kind, q_kind="float", out_kind="float")` of one shape
+    ("decode" or "prefill"): `make(token, flags, load_tile, start_rows, write_rows)` over the
+    mode's view for pools of (k_kind, v_kind) and q and out of (q_kind, out_kind)
+    (`storage.IO_KINDS`), made on first use and registered as
+    attend_{mode}_{shape}{placement.kind_name}{placement.io_name}. Made at import, so that
+    the suite compiles them to PTX: the pairs of `placement.PAIRS` with float q and out, and
+    float pools with q and out of `io` (float32 pools only: the io code is one branch)."""
     views = {
         "masked": (MASKED_VIEW, masked_token, masked_flags),
         "gathered": (GATHERED_VIEW, gathered_token, gathered_flags),
     }
     built = {}
 
-    def kernels(mode: str, k_kind: str, v_kind: str):
-        if (mode, k_kind, v_kind) not in built:
+    def kernels(mode: str, k_kind: str, v_kind: str, q_kind: str = "float",
+                out_kind: str = "float"):  # fmt: skip
+        key = (mode, k_kind, v_kind, q_kind, out_kind)
+        if key not in built:
             view, token, flags = views[mode]
-            name = f"attend_{mode}_{shape}{kind_name(k_kind, v_kind)}"
+            name = f"attend_{mode}_{shape}{kind_name(k_kind, v_kind)}{io_name(q_kind, out_kind)}"
             pools = pool_dtypes(k_kind, v_kind)
-            built[mode, k_kind, v_kind] = kernel(signatures(view, pools), name=name)(
-                make(token, flags, make_load_tile(k_kind, v_kind))
+            if (q_kind, out_kind) != ("float", "float"):
+                pools = pools[:1]
+            sigs = signatures(view, pools, io_signature(q_kind), io_signature(out_kind))
+            rows = make_start_rows(q_kind), make_write_rows(out_kind)
+            built[key] = kernel(sigs, name=name)(
+                make(token, flags, make_load_tile(k_kind, v_kind), *rows)
             )
-        return built[mode, k_kind, v_kind]
+        return built[key]
 
     for mode in views:
         for pair in PAIRS:
             kernels(mode, *pair)
+    kernels("gathered", "float", "float", *io)
     return kernels
