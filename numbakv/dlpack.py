@@ -141,7 +141,7 @@ def export(name: str, x) -> Exported:
         kind = f"{CODE_NAMES.get(code, f'type code {code} of ')}{bits}"
         raise StepError(
             f"{name}: a DLPack tensor of {kind}{f' in vectors of {lanes} lanes' * (lanes != 1)}; "
-            "give float32, float16 or bfloat16 values, one per element"
+            "give float32, float16 or bfloat16 values (float64 too on the host), one per element"
         )
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
     itemsize = ITEMSIZE[dtype]
@@ -187,6 +187,11 @@ def host_floats(name: str, x) -> np.ndarray:
     DLPack: bfloat16 widened to float32 (exact: the pattern is the float32's top half),
     float32/16/64 copied as they are."""
     exported = export(name, x)
+    if exported.device not in (CPU, CUDA_HOST):
+        raise StepError(
+            f"{name}: a DLPack tensor on device type {exported.device}, which the host "
+            "cannot read; copy it to the host (or to a CUDA device) first"
+        )
     view = host_view(exported)
     if exported.dtype != "bfloat16":
         return np.array(view)

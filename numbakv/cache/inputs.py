@@ -64,7 +64,11 @@ def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
 
 
 def _exported_view(name: str, x, dtypes: tuple[np.dtype, ...]):
-    """A numba view of the device memory x exports through DLPack (bfloat16 as uint16)."""
+    """A numba view of the device memory x exports through DLPack (bfloat16 as uint16). On
+    the simulator, only exports of host memory (no `__cuda_array_interface__`: a real GPU
+    tensor has one, or raises for it) are read."""
+    if IS_SIMULATOR and dlpack.has_interface(x):
+        _numba_view(name, x)  # raises: the simulator cannot read a GPU's memory
     exported = dlpack.export(name, x)
     names = [d.name for d in dtypes] + ["bfloat16"]
     if exported.dtype not in names:

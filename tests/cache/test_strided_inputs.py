@@ -11,7 +11,7 @@ import pytest
 from dlpack_tensor import Tensor, bfloat16_tensor
 
 import numbakv
-from numbakv.cache.cuda import cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.dlpack import CPU
 from numbakv.errors import StepError
 
@@ -233,4 +233,35 @@ def test_q_and_out_the_kernels_cannot_read_are_refused_and_nothing_changes(match
         cache.attend(0, bad)
     with pytest.raises(StepError, match=match):
         cache.attend(0, np.ones((1, N_HEADS, CONFIG.head_dim), np.float32), out=bad)
+    assert full_state(cache) == before
+
+
+class GpuTensor(Tensor):
+    """A real GPU tensor's look: its `__cuda_array_interface__` raises, as torch's does for
+    bfloat16; its memory is a GPU's, which the simulator must not read as host memory."""
+
+    @property
+    def __cuda_array_interface__(self):
+        raise TypeError("bfloat16 has no typestr")
+
+
+@pytest.mark.skipif(not IS_SIMULATOR, reason="the simulator's refusal of GPU memory")
+def test_the_simulator_refuses_a_gpu_tensor_and_nothing_changes():
+    cache = one_token_step()
+    k = GpuTensor(np.ones((1, 2, CONFIG.head_dim), ml_dtypes.bfloat16), dtype="bfloat16")
+    before = full_state(cache)
+    with pytest.raises(StepError, match="simulator cannot read"):
+        cache.write(0, k, k)
+    assert full_state(cache) == before
+
+
+def test_an_export_of_memory_the_host_cannot_read_is_refused_by_the_reference():
+    cache = numbakv.reference.CellCache(CONFIG)
+    cache.declare_step([cache.seq_new()])
+    cache.prepare_step()
+    metal = Tensor(np.ones((1, 2, CONFIG.head_dim), ml_dtypes.bfloat16), device=8,
+                   dtype="bfloat16")  # fmt: skip
+    before = full_state(cache)
+    with pytest.raises(StepError, match="device type 8"):
+        cache.write(0, metal, metal)
     assert full_state(cache) == before
