@@ -17,7 +17,6 @@ DEVICE_MEMORY = (CUDA, CUDA_MANAGED)  # what a kernel may read in place
 # (DLDataTypeCode, bits) -> dtype name: 2 = kDLFloat, 4 = kDLBfloat
 DTYPES = {(2, 32): "float32", (2, 16): "float16", (2, 64): "float64", (4, 16): "bfloat16"}
 CODE_NAMES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
-ITEMSIZE = {"float32": 4, "float16": 2, "float64": 8, "bfloat16": 2}
 CAPSULE = b"dltensor"
 
 
@@ -144,7 +143,7 @@ def export(name: str, x) -> Exported:
             "give float32, float16 or bfloat16 values (float64 too on the host), one per element"
         )
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
-    itemsize = ITEMSIZE[dtype]
+    itemsize = storage_dtype(dtype).itemsize
     if tensor.strides:
         strides = tuple(tensor.strides[i] * itemsize for i in range(tensor.ndim))
     else:
