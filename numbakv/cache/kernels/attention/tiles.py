@@ -48,7 +48,7 @@ NAN = np.float32(np.nan)
 EMPTY = np.float32(-1.0)  # l of a row that has seen no cell (a seen cell makes l >= 0)
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
-SHIFT = np.int32(16)  # a bfloat16 pattern's place in a float32
+SHIFT = quant.SHIFT  # a bfloat16 pattern's place in a float32
 
 STORAGE = storage.STORAGE  # pool dtypes the kernels compile for (uint16: bfloat16, uint8)
 
@@ -59,7 +59,6 @@ def io_signature(io_kind: str) -> str:
     return f"{storage.IO_KINDS[io_kind][1][0]}[:, :, ::1]"
 
 
-Q = io_signature("float")  # q and out of float32
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
 
