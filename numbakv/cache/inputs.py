@@ -26,8 +26,6 @@ BFLOAT16 = np.dtype(np.uint16)  # the view of an exported bfloat16 tensor: its b
 def is_device_array(x) -> bool:
     """Whether x is a device tensor: a numba device array, device memory exported through
     DLPack, or `__cuda_array_interface__`."""
-    if isinstance(x, np.ndarray):
-        return False
     return hasattr(x, "copy_to_host") or dlpack.is_foreign_device_array(x)
 
 
