@@ -24,6 +24,20 @@ and 8x the working set, once with a `PrefixCache` (no max_cells) and once withou
     preempt     preemptions, and the tokens computed again after them, with / without
     same trace  whether both runs had the same prompts and answers
 
+Multi-turn chat is served again with a pool too small for its conversations (1/4 of the
+working set: at 1x the pool keeps them all, so eviction never runs), with a host tier
+under the prefix cache (`PrefixCache(..., host_bytes=...)`: what eviction gives back is
+saved to host memory and reloaded by a later hit) of 1x and 4x the pool's K/V bytes,
+against the pool tier alone:
+
+    computed           prefill tokens computed (`n_computed_tokens`: n_prompt_tokens -
+                       n_cached_tokens + n_recomputed_tokens)
+    recomputed, preempt  of those, computed again after preemptions; the preemptions
+    pool / host hits   the cached prompt tokens served from the pool and reloaded from host
+                       memory (`n_pool_cached_tokens`, `n_host_cached_tokens`), and the
+                       reloads (hits the host tier served)
+    offloaded, held    positions the host tier kept, and the kB it holds at the end
+
 The working set is what an unbounded cache needs at once: the distinct cells the trie's
 hits read (on the trace with stand-ins for the answers, known before anything runs), plus
 CLIENTS x the mean cells a running request holds of its own (its uncached prompt and its
@@ -50,36 +64,41 @@ import numpy as np
 from benchmarks.common import gc_off, print_machine, print_table
 from benchmarks.prefix_workloads import Trace, Workload, trie_hits, vllm_hits, workloads
 from numbakv import Engine, Executor, Model, ModelConfig, PrefixCache
+from numbakv.formats import head_bytes
 from numbakv.reference import CellCache
+from numbakv.serve.requests import EngineMetrics
 
 TINY = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
 CLIENTS = 8
 MAX_SEQS = 256  # sessions: the running requests and the prefix cache's holders
 MAX_WIDTH = 256
 POOLS = (1, 2, 8)  # x the working set
+HOST_POOL = 4  # the host tier's table: a pool of 1 / HOST_POOL x the working set
+HOST_TIERS = (1, 4)  # host tiers, x that pool's bytes
 N_PREFIXES, PREFIX_LEN = 1000, 2000
 
 
 @dataclass(frozen=True)
 class Run:
-    """One workload served at one pool size: the trace and the engine's sums."""
+    """One workload served at one pool size: the trace and the engine's metrics."""
 
     trace: Trace
-    n_prompt: int
-    n_cached: int
-    n_recomputed: int
-    n_preemptions: int
+    metrics: EngineMetrics
 
     @property
     def n_computed(self) -> int:
-        return self.n_prompt - self.n_cached + self.n_recomputed
+        return self.metrics.n_computed_tokens
 
 
-def serve(workload: Workload, model: Model, capacity: int, cached: bool) -> Run:
-    """Serves the workload in trace order, CLIENTS requests at most in flight."""
+def serve(
+    workload: Workload, model: Model, capacity: int, cached: bool, host_bytes: int | None = None
+) -> Run:
+    """Serves the workload in trace order, CLIENTS requests at most in flight; with the
+    prefix cache when `cached` (and its host tier of `host_bytes`)."""
     config = model.config.cache_config(capacity=capacity, max_width=MAX_WIDTH, max_seqs=MAX_SEQS)
     executor = Executor(model, CellCache(config), MAX_SEQS, workload.longest, oversubscribe=True)
-    engine = Engine(executor, prefix_cache=PrefixCache(executor) if cached else None)
+    prefix = PrefixCache(executor, host_bytes=host_bytes) if cached else None
+    engine = Engine(executor, prefix_cache=prefix)
     prompts: list[list[int]] = []
     answers: list[list[int] | None] = [None] * len(workload)
     flying: dict[int, int] = {}  # request id -> its entry
@@ -91,9 +110,8 @@ def serve(workload: Workload, model: Model, capacity: int, cached: bool) -> Run:
             if done.finish_reasons[0] is not None:
                 answers[i] = done.tokens[0]
                 del flying[request]
-    m = engine.metrics
     trace = [(p, p + a[:-1]) for p, a in zip(prompts, answers, strict=True)]
-    return Run(trace, m.n_prompt_tokens, m.n_cached_tokens, m.n_recomputed_tokens, m.n_preemptions)
+    return Run(trace, engine.metrics)
 
 
 def submit_ready(
@@ -129,15 +147,15 @@ def pool_row(workload: Workload, model: Model, times: int, ws: int) -> list[str]
     """The table's row of the workload at `times` x the working set `ws`."""
     capacity = max(times * ws, workload.longest)
     cached, uncached = (serve(workload, model, capacity, on) for on in (True, False))
-    trace = cached.trace
+    trace, on, off = cached.trace, cached.metrics, uncached.metrics
     return [
         f"{times}x = {capacity}",
-        percent(cached.n_cached, trace),
+        percent(on.n_cached_tokens, trace),
         percent(trie_hits(trace)[0], trace),
         percent(vllm_hits(trace), trace),
         f"{cached.n_computed} / {uncached.n_computed}",
-        f"{cached.n_preemptions} / {uncached.n_preemptions}",
-        f"{cached.n_recomputed} / {uncached.n_recomputed}",
+        f"{on.n_preemptions} / {off.n_preemptions}",
+        f"{on.n_recomputed_tokens} / {off.n_recomputed_tokens}",
         "yes" if cached.trace == uncached.trace else "no",
     ]
 
@@ -154,6 +172,40 @@ def print_workload(workload: Workload, model: Model) -> None:
         "recomputed w/wo", "same trace",
     ]  # fmt: skip
     print_table(headers, [pool_row(workload, model, times, ws) for times in POOLS])
+
+
+def print_host_tier(workload: Workload, model: Model) -> None:
+    """The workload at a pool of 1 / HOST_POOL x its working set, with the pool tier alone
+    and with a host tier of HOST_TIERS x the pool's bytes."""
+    capacity = max(working_set(workload) // HOST_POOL, workload.longest)
+    cell_bytes = sum(
+        TINY.n_kv_heads * (head_bytes(k, TINY.head_dim) + head_bytes(v, TINY.head_dim))
+        for k, v in model.config.cache_config(capacity=1, max_width=1, max_seqs=1).formats
+    )
+    print(
+        f"\n{workload.name} at a pool of 1/{HOST_POOL} x the working set = {capacity} cells "
+        f"({capacity * cell_bytes / 1e3:.0f} kB of K/V), with a host tier"
+    )
+    runs = {None: serve(workload, model, capacity, True)}
+    runs |= {
+        t: serve(workload, model, capacity, True, t * capacity * cell_bytes) for t in HOST_TIERS
+    }
+    rows = []
+    for times, run in runs.items():
+        m = run.metrics
+        rows.append([
+            "none" if times is None else f"{times}x = {times * capacity * cell_bytes / 1e3:.0f} kB",
+            f"{run.n_computed}", f"{m.n_recomputed_tokens}", f"{m.n_preemptions}",
+            f"{m.n_pool_cached_tokens}", f"{m.n_host_cached_tokens}", f"{m.n_reloads}",
+            f"{m.n_offloaded_tokens}", f"{m.n_host_bytes / 1e3:.0f}",
+            "yes" if run.trace == runs[None].trace else "no",
+        ])  # fmt: skip
+    headers = [
+        "host tier", "computed", "recomputed", "preempt", "pool hits (tok)", "host hits (tok)",
+        "reloads",
+        "offloaded (tok)", "host kB held", "same trace",
+    ]  # fmt: skip
+    print_table(headers, rows)
 
 
 class Lengths:
@@ -288,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     for workload in workloads(args.quick):
         print_workload(workload, model)
+        if workload.name == "multi-turn":
+            print_host_tier(workload, model)
     print(f"\nserving: {time.perf_counter() - start:.1f} s")
     print_logit_drift(model, 5 if args.quick else 20)
     print_host_costs(50 if args.quick else 200)

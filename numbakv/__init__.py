@@ -5,6 +5,7 @@
     numbakv.device_model  the serving model's forward on the device (numba.cuda)
     numbakv.serve      model, sampling, scheduler, executor, engine, lockstep (no numba)
     numbakv.trace      recording a cache's table over a workload, and its file (no numba)
+    numbakv.state      a sequence's K/V saved from a cache and loaded into one (no numba)
     numbakv.viz        occupancy pictures (no numba)
     numbakv.testing    the conformance kit: hold a cache or a kernel of yours to the contract
     numbakv.cli        the `numbakv` command line: demo, viz, replay
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -32,6 +33,7 @@ _EXPORTS = {
     "CacheConfig": "numbakv.config",
     "bits_per_value": "numbakv.formats",
     "Snapshot": "numbakv.snapshot",
+    "SeqState": "numbakv.state",
     "CacheError": "numbakv.errors",
     "ConfigError": "numbakv.errors",
     "SequenceError": "numbakv.errors",
@@ -40,6 +42,7 @@ _EXPORTS = {
     "StepError": "numbakv.errors",
     "BindingError": "numbakv.errors",
     "TraceError": "numbakv.errors",
+    "StateError": "numbakv.errors",
     "ObserverError": "numbakv.errors",
     "Recorder": "numbakv.trace.recorder",
     "Trace": "numbakv.trace.frames",

@@ -37,6 +37,10 @@ class TraceError(CacheError):
     """A trace file is corrupt, truncated, inconsistent or not a numbakv trace."""
 
 
+class StateError(CacheError):
+    """A saved sequence state (`SeqState`, its file) is damaged, inconsistent or not one."""
+
+
 class ObserverError(Exception):
     """An observer raised after a verb had completed: the verb's change stands (this is
     not a refusal, so not a `CacheError`), every other observer still heard of it, and the

@@ -12,7 +12,10 @@ from numbakv.errors import ConfigError, ObserverError
 # "prepare_step" and None otherwise
 Observer = Callable[[Any, str, Any], None]
 
-EVENTS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear", "declare_step", "prepare_step")
+EVENTS = (
+    "seq_new", "seq_clone", "seq_rm", "rewind", "clear", "declare_step", "prepare_step",
+    "seq_load",
+)  # fmt: skip
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 

@@ -16,7 +16,9 @@ from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError, ConfigError, StepError
 from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
+from numbakv.state.seq_state import SeqState, check_onto, check_room, check_start, load_plan
 
+from . import saved
 from .attention import attend_cells, attend_gathered
 from .pool import Allocator, KVPool, numpy_allocator
 from .step import Step
@@ -92,6 +94,39 @@ class CellCache(Observable):
         """Frees every cell and id and drops the step; the pool keeps its storage."""
         self._table.clear()
         self._table_changed("clear")
+
+    # -- saved sequences (docs/contract.md §13) --------------------------------
+
+    @locked
+    def seq_save(self, seq: int, start: int = 0) -> SeqState:
+        """`seq`'s positions start .. pos(seq)-1 and their K/V in every layer, as stored."""
+        seq = self._table.check_live(seq)
+        start = check_start(start, self._table.length(seq), seq)
+        return saved.save(self.config, self._pool, self._table.cells_of(seq)[start:], start)
+
+    @locked
+    def seq_load(self, state: SeqState, onto: int | None = None, convert: bool = False) -> int:
+        """A new sequence holding `state`'s positions and K/V: empty, or for a state saved
+        from `start` > 0, a clone of `onto`'s first `start` positions. The state's tokens
+        are placed as one step's tokens would be (the lowest free cells; the pool grows
+        first), then its entries copied in, or re-stored in this cache's formats for the
+        layers `convert=True` lets differ (float states only). Refused with nothing changed:
+        another geometry (ConfigError), too few cells or ids (CapacityError), a bad `onto`
+        (SequenceError)."""
+        convert = load_plan(state, self.config, convert)
+        table = self._table
+        onto = None if onto is None else table.check_live(onto)
+        check_onto(onto, 0 if onto is None else table.length(onto), state.start)
+        check_room(state, self.config, table.free_cells, table.live)
+        n = state.n_tokens
+        cells = table.find_cells(n)
+        self._pool.grow_to(min(self.config.capacity, table.read_len + n), table.read_len)
+        seq = table.seq_new() if onto is None else table.seq_clone(onto, state.start)
+        if n:
+            seq_ids = np.full(n, seq, dtype=np.int32)
+            table.claim(cells, table.positions_of(seq_ids), seq_ids)
+            saved.load(self._pool, cells, state, convert)
+        return self._table_changed("seq_load", seq)
 
     # -- the step (docs/contract.md §3) ----------------------------------------
 

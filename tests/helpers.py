@@ -33,7 +33,8 @@ def small_config(**overrides) -> CacheConfig:
 def full_state(cache: CellCache) -> tuple:
     """Everything a refused call must leave unchanged: table, pos of every live sequence,
     free cells, pool and its storage, and for the device its mirror and seq_cells."""
-    kv = [np.concatenate(cache.pool_kv(layer)).tobytes() for layer in range(cache.config.n_layers)]
+    layers = range(cache.config.n_layers)
+    kv = [b"".join(x.tobytes() for x in cache.pool_kv(layer)) for layer in layers]
     mirror = []
     if hasattr(cache, "mirror"):
         mirror = [a.tobytes() for a in (*cache.mirror(), *cache.seq_table())]

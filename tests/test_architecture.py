@@ -27,7 +27,8 @@ PARTS = {
     "package": ("numbakv", "numbakv.__main__", "numbakv._checkout", "numbakv._deprecated"),
     "shared": (
         "numbakv.errors", "numbakv.config", "numbakv.config_formats", "numbakv.formats",
-        "numbakv.checks", "numbakv.dlpack", "numbakv.snapshot", "numbakv.observe",
+        "numbakv.checks", "numbakv.dlpack", "numbakv.npz", "numbakv.snapshot", "numbakv.observe",
+        "numbakv.state",
     ),
     "reference": ("numbakv.reference",),
     "cache": ("numbakv.cache",),

@@ -62,7 +62,8 @@ def test_it_prints_the_versions_first(sim_run):
 
 def test_every_part_has_a_row(table):
     parts = {row["part"] for row in table}
-    expected = ("copy", "attention", "decode step", "inputs", "model graphs", "launch budget")
+    expected = ("copy", "attention", "decode step", "inputs", "saved", "model graphs",
+                "launch budget")  # fmt: skip
     assert parts == {*expected, "device tests"}
     assert all(not row["result"].startswith("FAIL") for row in table)
 

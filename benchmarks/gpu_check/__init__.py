@@ -24,6 +24,10 @@ when any part failed. The parts, in the order they run:
     inputs        q, k, v as views of one fused torch bfloat16 (and float16) QKV tensor,
                   read through DLPack, and a bfloat16 `out=`: equal to the float32 copies'
                   output rounded to that dtype, written into the caller's tensor
+    saved         one sequence's K/V through every layer (32 x 4k positions, float16)
+                  saved to the host (`seq_save`) and loaded back into the holes another
+                  left (`seq_load`): µs to a synchronize, the state's bytes / that time, and
+                  that / the copy's bandwidth; the loaded sequence must save back equal
     model graphs  decode steps of a 32-layer device-resident model (`DeviceModel`) at batch
                   1, 16 and 64: µs per step (declare, prepare, stage, launches, logits
                   back) eager and replayed from one captured step (a CUDA graph), whose
@@ -34,6 +38,6 @@ when any part failed. The parts, in the order they run:
 --sim runs the same code with tiny shapes on the simulator, without pytest and torch; the
 test suite runs it (tests/test_gpu_check.py), so that this command cannot rot. Each part is
 a module of this package (`versions`, `attention`: copy and attention, `decode`, `inputs`,
-`model`, `commands`: launch budget and device tests); what they share is in `run`, the
+`saved`, `model`, `commands`: launch budget and device tests); what they share is in `run`, the
 filled caches in `fill`, torch beside numbakv in `torch_sdpa`, the command in `__main__`.
 """

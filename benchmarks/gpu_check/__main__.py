@@ -15,6 +15,7 @@ from benchmarks.gpu_check.decode import part_decode_step
 from benchmarks.gpu_check.inputs import part_inputs
 from benchmarks.gpu_check.model import part_model_graphs
 from benchmarks.gpu_check.run import COLUMNS, ERR_BOUND, GPU_SHAPES, LIMIT_S, SIM_SHAPES, Run
+from benchmarks.gpu_check.saved import part_saved
 from benchmarks.gpu_check.versions import part_versions
 
 PARTS = {
@@ -23,6 +24,7 @@ PARTS = {
     "attention": part_attention,
     "decode step": part_decode_step,
     "inputs": part_inputs,
+    "saved": part_saved,
     "model graphs": part_model_graphs,
     "launch budget": part_launch_budget,
     "device tests": part_device_tests,

@@ -14,6 +14,7 @@ from numbakv.cache.kernels import attention, masks, placement, seq_cells, storag
 from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
+from numbakv.cache.saving import Saving
 from numbakv.cache.step import Step
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
@@ -33,7 +34,7 @@ from numbakv.observe import Observable, locked
 from numbakv.snapshot import Snapshot
 
 
-class CellCache(Observable, Inspection, Capture):
+class CellCache(Observable, Inspection, Capture, Saving):
     """Several sequences sharing one pool of per-token cells, K/V on the device.
 
     The same API, placement and errors as `numbakv.reference.CellCache`, which is written

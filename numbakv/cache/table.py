@@ -140,7 +140,7 @@ class HostTable:
 
     def seq_new(self) -> int:
         """Reserves the lowest free id: live, empty. CapacityError when every id is live."""
-        seq = self._free_id()
+        seq = self.next_id()
         self._take_id(seq)
         return seq
 
@@ -155,7 +155,7 @@ class HostTable:
         src = self.check_live(src)
         n = self.length(src)
         upto = n if upto is None else check_position("upto", upto, n, src)
-        seq = self._free_id()
+        seq = self.next_id()
         shared = self._segments.open_prefix(seq, src, upto)
         _share(shared, seq, self._owners, self._n_owners)
         self._take_id(seq)
@@ -293,7 +293,9 @@ class HostTable:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _free_id(self) -> int:
+    def next_id(self) -> int:
+        """The id `seq_new` reserves next (the lowest free); CapacityError when every id is
+        live. Pure."""
         seq = tree_next(self._id_bits, self._id_offs, 0)
         if seq < 0:
             raise CapacityError(

@@ -12,7 +12,10 @@ requests   what the engine keeps and returns per request; the checks of a submis
 faults     the one place an observer's error is met (`Observed`, `completes`), and what
            went wrong in an engine step
 lockstep   two executors driven as one, every result checked against the second
-prefix     `PrefixCache`: prompts that share a prefix share its cells (over `radix`, the tree)
+prefix     `PrefixCache`: prompts that share a prefix share its cells (over `radix`, the tree;
+           `targets`, the verbs it asks of a cache or an executor)
+host_tier  what the prefix cache gives back, kept in host memory and reloaded on a hit
+saved      sessions saved and loaded (`Executor`), conversations to a file (`Engine`)
 memory     where the engine's sessions and cells come from: hits, holders, eviction
 admission  which requests hold sessions: placed by memory, batches fitted, preemption
 """

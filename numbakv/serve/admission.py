@@ -79,21 +79,21 @@ class Admission:
         if not self.sessions.room_for_sessions(n_sessions, self.reserved()):
             return False
         opened = [(sample, *self.sessions.open(r, sample, beside)) for sample in samples]
-        needed = sum(len(r.context(s)) - m for s, _, m in opened) + self.watermark
+        needed = sum(len(r.context(s)) - m for s, _, m, _ in opened) + self.watermark
         if self.running and not self.sessions.room_for_cells(needed):
-            for _, session, _ in opened:
+            for _, session, _, _ in opened:
                 self.sessions.close(session)
             return False
-        for sample, session, m in opened:
+        for sample, session, m, reloaded in opened:
             sample.session, sample.n_fed = session, m
             if resumed:
                 r.n_recomputed_tokens += max(0, sample.n_done - m)
             else:
                 r.samples.append(sample)
-                r.n_cached_tokens = m
+                r.n_cached_tokens, r.n_host_cached_tokens = m, reloaded
             self.running[session] = (r, sample)
             self.scheduler.submit([Task(session, "prefill", len(r.context(sample)) - m)])
-        seqs = [session for _, session, _ in opened]
+        seqs = [session for _, session, _, _ in opened]
         self.notes("resume" if resumed else "admit", request=r.id, seqs=seqs)
         return True
 

@@ -13,8 +13,9 @@ closes at once (the prefix cache keeps it, if any). A fault never leaves a step 
 its bookkeeping ends, then the error propagates. A batch the executor failed ends its
 requests with "error", a callback that raises ends only its own request, an observer that
 raises costs no request a token. One re-entrant lock makes each call thread-safe;
-callbacks may `submit` and `cancel`. docs/contract.md §9 says how requests run, §9.1 every
-fault, refusal and thread rule, §9.2 prefix reuse and scheduling by memory.
+callbacks may `submit` and `cancel`. `save` and `load` carry a finished conversation to
+another engine (`saved`). docs/contract.md §9 says how requests run, §9.1 every fault,
+refusal and thread rule, §9.2 prefix reuse and scheduling by memory, §13 saved sequences.
 """
 
 import threading
@@ -50,11 +51,12 @@ from numbakv.serve.requests import (
     check_submission,
 )
 from numbakv.serve.sampling import GREEDY, Sampling
+from numbakv.serve.saved import SavedConversations
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 from numbakv.serve.tokenizer import BYTE_TOKENIZER, Tokenizer
 
 
-class Engine:
+class Engine(SavedConversations):
     """Serves generation requests with continuous batching.
 
     executor  : a `SessionExecutor` (an `Executor`, a `Lockstep`) to run batches on
@@ -64,8 +66,8 @@ class Engine:
     tokenizer : turns text prompts into tokens (default bytes); its vocab_size must not
                 pass the executor's
     annotate  : None, or a callable `annotate(kind, **data)` told of each admit, fork,
-                finish, cancel, error, pool growth, hit, insert, evict, preempt and
-                resume (`numbakv.serve.events`)
+                finish, cancel, error, pool growth, hit, reload, insert, offload,
+                evict, preempt and resume (`numbakv.serve.events`)
     prefix_cache : None (default: every prompt computed whole, sessions closed at their
                 end), or a `PrefixCache` over this executor: prompts start from their
                 longest cached prefix, ended sessions are kept (docs/contract.md §9.2)
@@ -172,7 +174,8 @@ class Engine:
     @locked
     def metrics(self) -> EngineMetrics:
         """Steps so far, how the executor's forwards ran (`ForwardCounts`, or None), the
-        requests' token counts summed, and what the prefix cache evicted and holds."""
+        requests' token counts summed, what the prefix cache evicted and holds, and what
+        its host tier holds, kept and reloaded."""
         requests = self._requests.values()
         sums = (
             sum(len(r.prompt) for r in requests), sum(r.n_cached_tokens for r in requests),
@@ -180,7 +183,10 @@ class Engine:
         )  # fmt: skip
         forwards = getattr(self.executor, "forward_counts", None)
         cells = (self._sessions.n_evicted_cells, self._sessions.cached_cells)
-        return EngineMetrics(self.n_steps, forwards, *sums, *cells)
+        host = None if self.prefix_cache is None else self.prefix_cache.host
+        tier = (0, 0, 0) if host is None else (host.nbytes, host.n_offloaded_tokens, host.n_reloads)
+        n_host = sum(r.n_host_cached_tokens for r in requests)
+        return EngineMetrics(self.n_steps, forwards, *sums, *cells, n_host, *tier)
 
     @locked
     @completes

@@ -32,6 +32,13 @@ the request. With a prefix cache, and when memory is short (docs/contract.md §9
                                              or all of it when it ended (held True: the
                                              prefix cache holds the sequence now)
     evict    cells, cached_cells             the prefix cache gave back `cells` cells
+    offload  tokens, bytes, host_bytes       before giving cells back, its host tier kept
+                                             states of `tokens` positions (`bytes` of K/V;
+                                             it holds `host_bytes` now); comes before
+                                             their `evict`
+    reload   request, seq, tokens            the session's hit loaded `tokens` positions
+                                             from host memory; its `hit` follows (all the
+                                             positions it shares)
     preempt  request, seqs                   its sessions ended (their inserts came first)
     resume   request, seqs                   it got sessions again, before new admissions
 

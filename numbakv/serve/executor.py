@@ -38,6 +38,9 @@ the executor half-done: each public call finishes with the verb's result, then r
 session is open (its id is the error's `.result`); after `close_session` it is closed;
 `execute` runs the whole batch and raises an ObserverError whose `.result` is its outputs.
 
+`save_session` and `load_session` save a session to a `SeqState` and load one as a new
+session (`saved`; docs/contract.md §13).
+
 Thread safety: an `Executor` is safe to share between threads. A re-entrant lock guards
 every public method and property (sessions, batches, sampling), so each call sees and
 leaves whole sessions; `cache` and `model` are the executor's own and are not guarded
@@ -59,11 +62,12 @@ from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
 from numbakv.serve.model import Model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
+from numbakv.serve.saved import SavedSessions
 
 __all__ = ["Executor", "Input", "Output"]
 
 
-class Executor:
+class Executor(SavedSessions):
     """Runs batches of session inputs through `model` over `cache`.
 
     model              : a `Model` whose layers, KV heads, head_dim and windows match the cache

@@ -21,6 +21,7 @@ from numbakv.observe import locked
 from numbakv.serve.executor import Executor, Input, Output
 from numbakv.serve.faults import Observed, completes
 from numbakv.serve.sampling import GREEDY, Sampling
+from numbakv.state import SeqState
 
 # a model's logits pass through every layer's float32 matmuls: ten times the float32
 # attention tolerance (the demo's 2-layer model differs by 3e-5 between the two paths)
@@ -142,6 +143,34 @@ class Lockstep:
     def close_session(self, session: int) -> None:
         self._both(lambda e: e.close_session(session))
         self._check_tables("close_session")
+
+    @locked
+    @completes
+    def save_session(self, session: int, start: int = 0) -> SeqState:
+        """`executor`'s state of `session` (`Executor.save_session`); the reference's must
+        hold the same positions in the same geometry. Their K/V are not compared byte for
+        byte (a device-resident model computes them in another order: the logits are
+        compared within `rtol`)."""
+        got, expect = self._both(lambda e: e.save_session(session, start))
+        if any(getattr(got, f) != getattr(expect, f) for f in ("geometry", "start", "n_tokens")):
+            raise LockstepError(
+                f"save_session({session}): positions {got.start} .. {got.end - 1}, the "
+                f"reference's {expect.start} .. {expect.end - 1} (or another geometry)"
+            )
+        return got
+
+    @locked
+    @completes
+    def load_session(
+        self,
+        state: SeqState,
+        onto: int | None = None,
+        sampling: Sampling = GREEDY,
+        drawn: int = 0,
+    ) -> int:
+        """The same `state` loaded on both (`Executor.load_session`): a state saved on
+        either side loads into the other; the session ids and tables must agree."""
+        return self._same("load_session", lambda e: e.load_session(state, onto, sampling, drawn))
 
     @locked
     @completes

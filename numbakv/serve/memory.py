@@ -2,7 +2,9 @@
 §9.2): with a `PrefixCache`, a sample's session starts as a hit's clone, its prompt is
 shared once computed, and an ended session is kept as a holder; room for sessions and
 cells is made by evicting what the prefix cache alone holds, least recently used first.
-Without one, a session opens empty and closes at its end, and nothing can be evicted.
+With its host tier, what eviction gives back is kept in host memory and a longer prefix
+held there is reloaded instead of computed. Without a prefix cache, a session opens
+empty and closes at its end, and nothing can be evicted.
 
 The engine reaches the executor and the prefix cache through its `Observed` log, so an
 observer that raises never stops one of these calls half-done (`faults`).
@@ -14,13 +16,18 @@ from numbakv.serve.requests import Request, Sample
 
 class Sessions:
     """The engine's sessions over `executor`, through `prefix` (a `PrefixCache` over the
-    same executor, or None); `notes` hears `hit`, `insert` and `evict`."""
+    same executor, or None); `notes` hears `hit`, `reload`, `insert`, `offload` and
+    `evict`."""
 
     def __init__(self, executor, prefix, notes: Notes):
         self.executor = executor
         self.prefix = prefix
         self.notes = notes
         self._evicted = 0 if prefix is None else prefix.n_evicted_cells
+        host = None if prefix is None else prefix.host
+        self._offloaded = (
+            (0, 0) if host is None else (host.n_offloaded_tokens, host.n_offloaded_bytes)
+        )
 
     @property
     def free_cells(self) -> int | None:
@@ -37,24 +44,34 @@ class Sessions:
     def n_evicted_cells(self) -> int:
         return self._evicted
 
-    def open(self, r: Request, sample: Sample, beside: Sample | None = None) -> tuple[int, int]:
-        """(a session for `sample`, the positions it already holds): a clone of its longest
-        cached prefix, else an empty session; its generator as after its sampled tokens.
-        `beside`: a running sample of `r` that has computed the prompt, whose prompt cells
-        it shares (through the prefix cache's hit, which then holds them)."""
+    def open(
+        self, r: Request, sample: Sample, beside: Sample | None = None
+    ) -> tuple[int, int, int]:
+        """(a session for `sample`, the positions it already holds, how many of those came
+        from the host tier): a clone of its longest cached prefix, or a reload of a longer
+        one from host memory (the prefix cache evicts to make room for it), else an empty
+        session; its generator as after its sampled tokens. `beside`: a running sample of
+        `r` that has computed the prompt, whose prompt cells it shares (through the prefix
+        cache's hit, which then holds them)."""
         sampling, drawn = r.sampling_of(sample), len(sample.tokens)
         if beside is not None and self.prefix is None:
             upto = len(r.prompt)
-            return self.executor.clone(beside.session, upto, sampling, drawn), upto
+            return self.executor.clone(beside.session, upto, sampling, drawn), upto, 0
         if beside is not None:
             self.shared(r, beside.session)
         if self.prefix is not None:
-            tokens = r.context_ids(sample)
-            session, m = self.prefix.acquire(tokens, r.cache_salt, sampling=sampling, drawn=drawn)
+            tokens, salt = r.context_ids(sample), r.cache_salt
+            host = self.prefix.host
+            reloaded = 0 if host is None else host.n_reloaded_tokens
+            session, m = self.prefix.acquire(tokens, salt, sampling=sampling, drawn=drawn)
+            self._note_evictions()  # a reload may evict to make room
             if session is not None:
+                reloaded = 0 if host is None else host.n_reloaded_tokens - reloaded
+                if reloaded:
+                    self.notes("reload", request=r.id, seq=session, tokens=reloaded)
                 self.notes("hit", request=r.id, seq=session, tokens=m)
-                return session, m
-        return self.executor.open_session(sampling, drawn), 0
+                return session, m, reloaded
+        return self.executor.open_session(sampling, drawn), 0, 0
 
     def shared(self, r: Request, session: int) -> None:
         """`session` (of `r`) has computed the whole prompt: later prompts may hit it."""
@@ -122,9 +139,16 @@ class Sessions:
         return self._note_evictions()
 
     def _note_evictions(self) -> int:
-        """An `evict` annotation of the cells the prefix cache gave back since the last one."""
+        """An `offload` annotation of what the host tier kept and an `evict` annotation of
+        the cells the prefix cache gave back, since the last ones."""
         if self.prefix is None:
             return 0
+        host = self.prefix.host
+        if host is not None and host.n_offloaded_tokens > self._offloaded[0]:
+            tokens, nbytes = host.n_offloaded_tokens, host.n_offloaded_bytes
+            saved = tokens - self._offloaded[0], nbytes - self._offloaded[1]
+            self.notes("offload", tokens=saved[0], bytes=saved[1], host_bytes=host.nbytes)
+            self._offloaded = tokens, nbytes
         freed = self.prefix.n_evicted_cells - self._evicted
         self._evicted += freed
         if freed:

@@ -20,7 +20,9 @@ removes one without keeping it. The tree is physical (every sequence below a nod
 the node's very cells), so `n_cells` counts each cell once and `cached_cells` is exactly
 what `drop()` would give back. Eviction takes cells held by the cache alone, least
 recently used first and tail first (a node without children, rewound by as many tokens as
-are asked for); a cell a live sequence holds is never given back.
+are asked for); a cell a live sequence holds is never given back. With `host_bytes`, what
+eviction gives back is saved to host memory first (`host_tier`) and reloaded by a longer
+hit (§13 for saved sequences).
 
 Not thread-safe by itself: the `Engine` calls it under its lock. An observer of the target
 that raises (`ObserverError`) never leaves the tree half-changed: each call finishes,
@@ -31,35 +33,43 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from numbakv.checks import as_int, int_at_least, short_repr
+from numbakv.checks import as_int, int_at_least
 from numbakv.errors import ConfigError, SequenceError
 from numbakv.serve import radix
 from numbakv.serve.faults import Observed, call_observed, completes
+from numbakv.serve.host_tier import HostTier, Reloading, check_host_bytes
 from numbakv.serve.radix import Node
+from numbakv.serve.targets import as_tokens, check_salt, saving_verbs, verbs
 
-CACHE_VERBS = ("seq_clone", "rewind", "seq_rm", "pos")
-SESSION_VERBS = ("clone", "rewind", "close_session", "length")
+__all__ = ["PrefixCache", "check_salt"]
 
 
-class PrefixCache:
+class PrefixCache(Reloading):
     """Token sequences whose K/V sit in `target`, found by their longest cached prefix.
 
     target    : a cache (`seq_clone`, `rewind`, `seq_rm`, `pos`) or an executor (`clone`,
                 `rewind`, `close_session`, `length`) whose sequences the cache may keep
     max_cells : None (no bound), or the most cells it holds alone (`cached_cells`): past
                 it, the least recently used go at once
+    host_bytes: None (no host tier), or the most K/V bytes of prefixes given back that it
+                keeps in host memory (`host`, a `HostTier`; the target must save and load
+                sequences) and reloads on a longer hit than the pool's
 
     n_cells          : positions the tree indexes, each a distinct cell of the target
     cached_cells     : of those, the cells no live sequence holds (what `drop()` frees)
     n_holders        : sequences the cache holds
     n_evicted_cells  : cells given back so far (`evict`, `drop`, `max_cells`)
+    host             : None, or its `HostTier` (bytes held, offloads and reloads counted)
     """
 
-    def __init__(self, target, max_cells: int | None = None):
+    def __init__(self, target, max_cells: int | None = None, host_bytes: int | None = None):
         self.max_cells = None if max_cells is None else int_at_least("max_cells", max_cells, 0)
+        host_bytes = check_host_bytes(host_bytes)
         self._observed = Observed()  # the ObserverErrors of the public call in progress
-        verbs = _verbs(target, self._observed.around(target))  # verbs give their result
-        self._clone, self._rewind, self._remove, self._pos = verbs
+        completing = self._observed.around(target)  # verbs give their result
+        self._clone, self._rewind, self._remove, self._pos = verbs(target, completing)
+        self._saving = None if host_bytes is None else saving_verbs(target, completing)
+        self.host = None if host_bytes is None else HostTier(host_bytes)
         self.target = target
         self._roots: dict[str | None, Node] = {}
         self._live: dict[int, tuple[Node, str | None]] = {}  # live sequence -> its base
@@ -87,9 +97,17 @@ class PrefixCache:
 
     def match(self, tokens: Sequence[int], salt: str | None = None) -> int:
         """The longest cached prefix of `tokens` under `salt`, at most len(tokens) - 1."""
-        tokens, salt = _as_tokens(tokens), check_salt(salt)
+        tokens, salt = as_tokens(tokens), check_salt(salt)
         root = self._roots.get(salt)
         return 0 if root is None else radix.walk(root, tokens, len(tokens) - 1)[1]
+
+    def holder_of(self, tokens: Sequence[int], salt: str | None = None) -> int | None:
+        """A sequence of the target whose first len(tokens) positions are `tokens` (a holder
+        or a live one), or None when the pool does not hold them all."""
+        tokens, salt = as_tokens(tokens), check_salt(salt)
+        root = self._roots.get(salt)
+        node, m = (None, 0) if root is None else radix.walk(root, tokens, len(tokens))
+        return radix.owner_below(node) if m == len(tokens) else None
 
     # -- live sequences --------------------------------------------------------
 
@@ -98,16 +116,20 @@ class PrefixCache:
         """(a new live sequence holding the first m positions of `tokens`, m): a clone of a
         sequence that holds them, for the longest cached prefix under `salt` (at most
         len(tokens) - 1, so the caller computes the last one); (None, 0) on a miss.
-        Keyword arguments go to the target's clone (an `Executor`'s `sampling`)."""
-        tokens, salt = _as_tokens(tokens), check_salt(salt)
-        root = self._roots.get(salt)
-        if root is None:
-            return None, 0
-        node, m = radix.walk(root, tokens, len(tokens) - 1)
+        Keyword arguments go to the target's clone (an `Executor`'s `sampling`). With a host
+        tier holding a longer prefix, cells are made free for the part past the pool's hit
+        (evicting what the cache alone holds, the hit's path spared), that part is loaded
+        onto the hit (the whole prefix without one) and the new sequence is shared at once,
+        a pool hit from then on; a reload that does not fit is a miss (the pool's hit)."""
+        tokens, salt = as_tokens(tokens), check_salt(salt)
+        node, m = radix.walk(self._root(salt), tokens, len(tokens) - 1)
+        if 0 < m < node.depth:
+            node = radix.split(node, m)  # the hit's end is a node: its tail can go alone
+        reloaded = None if self.host is None else self._reload(tokens, salt, node, m, clone)
+        if reloaded is not None:
+            return reloaded
         if m == 0:
             return None, 0
-        if m < node.depth:
-            node = radix.split(node, m)  # the hit's end is a node: its tail can go alone
         seq = self._clone(radix.owner_below(node), m, **clone)
         self._base(seq, node, salt, self._tick())
         return seq, m
@@ -177,15 +199,7 @@ class PrefixCache:
     def evict(self, n_cells: int) -> int:
         """Gives back at least `n_cells` cells held by the cache alone, least recently used
         and tail first, or all it can; returns how many it gave back."""
-        n_cells = int_at_least("n_cells", n_cells, 0)
-        freed = 0
-        while freed < n_cells:
-            leaf = self._coldest(lambda node: not node.children and node.n_live == 0)
-            if leaf is None:
-                break
-            freed += self._trim(leaf, min(len(leaf.tokens), n_cells - freed))
-        self.n_evicted_cells += freed
-        return freed
+        return self._evict(int_at_least("n_cells", n_cells, 0))
 
     @completes(raising=call_observed)
     def evict_holder(self) -> int | None:
@@ -205,14 +219,8 @@ class PrefixCache:
     def check(self) -> None:
         """AssertionError naming what is wrong, unless the tree is whole: every node owned,
         counts as recounted, each holder as long as its node's depth."""
-        n_cells = cached = 0
-        for root in self._roots.values():
-            for node in _nodes(root):
-                n_live = len(node.live) + sum(c.n_live for c in node.child_list())
-                assert node.n_live == n_live, f"node at {node.depth}: n_live {node.n_live}"
-                assert node.parent is None or node.is_owned, f"node at {node.depth}: no owner"
-                n_cells += len(node.tokens)
-                cached += len(node.tokens) if node.n_live == 0 else 0
+        counts = [radix.recount(root) for root in self._roots.values()]
+        n_cells, cached = sum(c[0] for c in counts), sum(c[1] for c in counts)
         assert (n_cells, cached) == (self.n_cells, self.cached_cells), (n_cells, cached)
         for seq, node in self._held.items():
             assert self._pos(seq) == node.depth, f"holder {seq} is not {node.depth} long"
@@ -229,7 +237,7 @@ class PrefixCache:
         """(seq, tokens) checked: not a holder, and holding len(tokens) positions (at least
         that many unless `whole`)."""
         seq = as_int("seq", seq, SequenceError)
-        tokens = _as_tokens(tokens, empty=True)
+        tokens = as_tokens(tokens, empty=True)
         if seq in self._held:
             raise SequenceError(f"sequence {seq} is already a holder of the prefix cache")
         length = self._pos(seq)
@@ -256,9 +264,12 @@ class PrefixCache:
                     f"{node.depth} tokens it shares with the prefix cache"
                 )
             return node, based_salt
+        return self._root(salt), salt
+
+    def _root(self, salt: str | None) -> Node:
         if salt not in self._roots:
             self._roots[salt] = Node(np.zeros(0, np.int64), 0, None)
-        return self._roots[salt], salt
+        return self._roots[salt]
 
     def _grow(self, node: Node, tokens: np.ndarray, copy: bool = False) -> Node | None:
         """A new node under `node` for tokens[node.depth:], the caller's own cells; None
@@ -296,11 +307,23 @@ class PrefixCache:
         nodes = [node for node in self._held.values() if wanted(node)]
         return min(nodes, key=lambda node: node.used, default=None)
 
+    def _evict(self, n_cells: int) -> int:
+        """`evict` of a checked count (`Reloading` evicts to make room for a reload)."""
+        freed = 0
+        while freed < n_cells:
+            leaf = self._coldest(lambda node: not node.children and node.n_live == 0)
+            if leaf is None:
+                break
+            freed += self._trim(leaf, min(len(leaf.tokens), n_cells - freed))
+        self.n_evicted_cells += freed
+        return freed
+
     def _trim(self, leaf: Node, k: int) -> int:
         """Gives back the last `k` cells of `leaf` (no children, no live sequence: they are
         its holder's alone); returns k."""
         seq = leaf.holder
         assert seq is not None and 0 < k <= len(leaf.tokens)
+        self._offload(leaf)
         if k < len(leaf.tokens):
             self._rewind(seq, leaf.depth - k)
             leaf.tokens, leaf.depth = leaf.tokens[:-k], leaf.depth - k
@@ -322,6 +345,8 @@ class PrefixCache:
         """Removes `node`'s holder; the nodes only it held go with it. Returns the holder."""
         seq = node.holder
         assert seq is not None
+        if not node.children and node.n_live == 0:  # its cells go with it
+            self._offload(node)
         node.holder = None
         del self._held[seq]
         before = self.n_cells
@@ -346,42 +371,3 @@ class PrefixCache:
     def _bound(self) -> None:
         if self.max_cells is not None and self.cached_cells > self.max_cells:
             self.evict(self.cached_cells - self.max_cells)
-
-
-def check_salt(salt) -> str | None:
-    """`salt` when it is None or a str, else ConfigError naming it."""
-    if salt is not None and not isinstance(salt, str):
-        raise ConfigError(f"cache_salt must be a str or None, got {short_repr(salt)}")
-    return salt
-
-
-def _as_tokens(tokens, empty: bool = False) -> np.ndarray:
-    """`tokens` as a 1-d int64 array, or ConfigError naming them."""
-    array = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    if array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
-        raise ConfigError(f"tokens must be a 1-d list of token ids, got {short_repr(tokens)}")
-    if array.dtype.kind == "u" and len(array) and array.max() > np.iinfo(np.int64).max:
-        raise ConfigError(f"token ids must fit int64, got {short_repr(tokens)}")
-    if not len(array) and not empty:
-        raise ConfigError("tokens must hold at least one token id, got none")
-    return array.astype(np.int64, copy=False)
-
-
-def _nodes(root: Node):
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.child_list())
-
-
-def _verbs(target, completing) -> tuple[Callable, ...]:
-    """(clone, rewind, remove, length) of a cache or of an executor's sessions, taken from
-    `completing` (the target seen through an `Observed` log)."""
-    for names in (CACHE_VERBS, SESSION_VERBS):
-        if all(callable(getattr(target, name, None)) for name in names):
-            return tuple(getattr(completing, name) for name in names)
-    raise ConfigError(
-        f"a prefix cache needs a cache ({', '.join(CACHE_VERBS)}) or an executor "
-        f"({', '.join(SESSION_VERBS)}); {short_repr(target)} has neither"
-    )

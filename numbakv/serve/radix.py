@@ -206,3 +206,26 @@ def path_tokens(node: Node) -> np.ndarray:
     """Every token from the root to `node`'s end."""
     runs = [n.tokens for n in node.path()]
     return np.concatenate(runs[::-1]) if runs else np.zeros(0, np.int64)
+
+
+def root_of(node: Node) -> Node:
+    """The root of `node`'s tree."""
+    while node.parent is not None:
+        node = node.parent
+    return node
+
+
+def recount(root: Node) -> tuple[int, int]:
+    """(cells, cells no live sequence holds) of the tree under `root`, recounted; an
+    AssertionError naming the first node whose live count is wrong or that no one owns."""
+    n_cells = cached = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        n_live = len(node.live) + sum(c.n_live for c in node.child_list())
+        assert node.n_live == n_live, f"node at {node.depth}: n_live {node.n_live}"
+        assert node.parent is None or node.is_owned, f"node at {node.depth}: no owner"
+        n_cells += len(node.tokens)
+        cached += len(node.tokens) if node.n_live == 0 else 0
+        stack.extend(node.child_list())
+    return n_cells, cached

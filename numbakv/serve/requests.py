@@ -44,9 +44,12 @@ class RequestMetrics:
     n_tokens               : tokens generated over all samples
     n_prompt_tokens        : tokens of its prompt
     n_cached_tokens        : of those, served from the prefix cache when it was admitted
-                             (an OpenAI-style usage `cached_tokens`)
+                             (an OpenAI-style usage `cached_tokens`): from the pool and
+                             from its host tier together
     n_recomputed_tokens    : tokens computed again after a preemption (never hits)
-    n_preemptions          : times it was preempted"""
+    n_preemptions          : times it was preempted
+    n_host_cached_tokens   : of n_cached_tokens, those reloaded from host memory (the rest,
+                             `n_pool_cached_tokens`, were in the pool)"""
 
     time_to_first_token: float | None
     tokens_per_second: float | None
@@ -56,6 +59,11 @@ class RequestMetrics:
     n_cached_tokens: int = 0
     n_recomputed_tokens: int = 0
     n_preemptions: int = 0
+    n_host_cached_tokens: int = 0
+
+    @property
+    def n_pool_cached_tokens(self) -> int:
+        return self.n_cached_tokens - self.n_host_cached_tokens
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,15 @@ class EngineMetrics:
     n_prompt_tokens, n_cached_tokens, n_recomputed_tokens, n_preemptions : the sums of
                  every request's (`RequestMetrics`)
     n_evicted_cells : cells the prefix cache gave back so far
-    n_cached_cells  : cells the prefix cache holds alone now (0 without one)"""
+    n_cached_cells  : cells the prefix cache holds alone now (0 without one)
+    n_host_cached_tokens : the sum of every request's (of n_cached_tokens, those reloaded
+                 from host memory); `n_pool_cached_tokens` the rest
+    n_host_bytes    : K/V bytes the prefix cache's host tier holds now (0 without one)
+    n_offloaded_tokens, n_reloads : positions its host tier kept so far, and the hits it
+                 served (reloads into the pool), 0 without one
+
+    `n_computed_tokens` is what prefill computed: n_prompt_tokens - n_cached_tokens +
+    n_recomputed_tokens."""
 
     n_steps: int
     forwards: ForwardCounts | None
@@ -76,6 +92,18 @@ class EngineMetrics:
     n_preemptions: int = 0
     n_evicted_cells: int = 0
     n_cached_cells: int = 0
+    n_host_cached_tokens: int = 0
+    n_host_bytes: int = 0
+    n_offloaded_tokens: int = 0
+    n_reloads: int = 0
+
+    @property
+    def n_pool_cached_tokens(self) -> int:
+        return self.n_cached_tokens - self.n_host_cached_tokens
+
+    @property
+    def n_computed_tokens(self) -> int:
+        return self.n_prompt_tokens - self.n_cached_tokens + self.n_recomputed_tokens
 
 
 @dataclass(frozen=True)
@@ -119,6 +147,7 @@ class Request:
     samples: list[Sample] = field(default_factory=list)
     n_steps: int = 0
     n_cached_tokens: int = 0
+    n_host_cached_tokens: int = 0
     n_recomputed_tokens: int = 0
     n_preemptions: int = 0
     first_token_at: float | None = None
@@ -157,7 +186,7 @@ class Request:
         rate = n_tokens / elapsed if elapsed else None
         metrics = RequestMetrics(
             ttft, rate, self.n_steps, n_tokens, len(self.prompt), self.n_cached_tokens,
-            self.n_recomputed_tokens, self.n_preemptions,
+            self.n_recomputed_tokens, self.n_preemptions, self.n_host_cached_tokens,
         )  # fmt: skip
         return Completion(
             self.id, list(self.prompt), [list(s.tokens) for s in samples],

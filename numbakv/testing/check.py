@@ -23,7 +23,7 @@ from numbakv.testing.ops import (
     run_script,
 )
 from numbakv.testing.shrink import shrink
-from numbakv.testing.workloads import CODES, KINDS, Swarm, decode
+from numbakv.testing.workloads import ALL_KINDS, CODES, KINDS, Swarm, decode
 
 DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a few ops; one long
     CacheConfig(n_layers=1, n_kv_heads=2, head_dim=4, windows=(1,), capacity=6,
@@ -80,11 +80,13 @@ def check_cache(
                    sequences up to 34 positions); give your own for your block size, your
                    head counts, longer sequences or a larger pool; QUANTIZED_CONFIGS
                    for q8_0, q4_0 and fp8_e4m3 storage (compare="table" holds their bytes)
-    hazards      : first run every hazard scenario (`HAZARDS`) on every config; or the
-                   names of those to run (False: none)
+    hazards      : first run every hazard scenario (`HAZARDS`, and `OPTIONAL_HAZARDS`
+                   of the kinds asked for) on every config; or the names of those to run
+                   (False: none)
     kinds        : the kinds of op run (`workloads.KINDS`, default all): hazard scripts
                    with another kind are skipped, workloads draw no other (for a hook
-                   that holds every placed cell's K/V written: the verbs and "step")
+                   that holds every placed cell's K/V written: the verbs and "step");
+                   add "reload" for a cache with saved sequences (docs/contract.md §13)
     max_examples : random workloads to run, each of 1 to `max_ops` ops (uniformly) in its
                    own mix (`Swarm.draw`) on a config drawn from `configs` (`decode`)
     seed         : the seed of the workloads (None: DEFAULT_SEED, the same every run)
@@ -123,7 +125,7 @@ def check_cache(
             coverage.seconds, shrunk.coverage = time.perf_counter() - started, coverage
             raise shrunk from None
 
-    names = hazard_scripts.HAZARDS if hazards is True else hazards or ()
+    names = hazard_scripts.ALL_HAZARDS if hazards is True else hazards or ()
     kinds = _kinds(kinds)
     for config in configs if names else ():
         free = _free_ids(config, prefix)
@@ -151,8 +153,8 @@ def check_cache(
 
 def _kinds(kinds: Iterable[str]) -> frozenset[str]:
     kinds = frozenset(kinds)
-    if not kinds or not kinds <= set(KINDS) or "step" not in kinds:
-        raise ValueError(f"kinds={sorted(kinds)}: give kinds of {KINDS}, 'step' among them")
+    if not kinds or not kinds <= set(ALL_KINDS) or "step" not in kinds:
+        raise ValueError(f"kinds={sorted(kinds)}: give kinds of {ALL_KINDS}, 'step' among them")
     return kinds
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.testing.ops import Op
 from numbakv.testing.refusals import REFUSALS, TABLE_ONLY, Protocol
+from numbakv.testing.workloads import OPTIONAL_KINDS
 
 EDGES = ("inside", "at W", "one past W", "far past W")  # a token's history p + 1 against W
 
@@ -56,8 +57,13 @@ class Coverage:
 
     @property
     def reachable(self) -> list[str]:
-        """The refusals of `REFUSALS` a run of this compare can reach."""
-        return [name for name in REFUSALS if self.compare == "table" or name not in TABLE_ONLY]
+        """The refusals of `REFUSALS` a run of this compare can reach: an optional kind's
+        ("reload: ...") only when the run drew that kind."""
+        return [
+            name for name in REFUSALS
+            if (self.compare == "table" or name not in TABLE_ONLY)
+            and (name.split(":")[0] not in OPTIONAL_KINDS or self.verbs[name.split(":")[0]])
+        ]  # fmt: skip
 
     @property
     def unreached(self) -> list[str]:

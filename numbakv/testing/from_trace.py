@@ -28,6 +28,9 @@ def trace_ops(trace) -> list[Op]:
         if event in VERB_EVENTS:
             ops.append(_verb(event, before, after))
             continue
+        if event == "seq_load":
+            ops += _load(before, after, trace.config.max_width, frame)
+            continue
         if not _grows_only(before, after):
             raise ValueError(
                 f"sequences leave or shrink before frame {frame} ({event}) with no verb frame: "
@@ -60,12 +63,30 @@ def _verb(event: str, before, after) -> Op:
         seq = shorter[0] if shorter else live[0]
         return Op("rewind", (seq, _length(after, seq)))
     (clone,) = np.flatnonzero(after.live & ~before.live)
-    upto = _length(after, int(clone))
-    cells = set(_cells(after, int(clone)))
+    return _clone(before, set(_cells(after, int(clone))), int(clone))
+
+
+def _clone(before, cells: set[int], clone: int) -> Op:
+    """The seq_clone of a sequence of `before` that made `clone`, holding `cells`."""
+    upto = len(cells)
     for src in np.flatnonzero(before.live).tolist():
         if {c for c in _cells(before, src) if before.pos[c] < upto} == cells:
             return Op("seq_clone", (src, upto))
-    raise ValueError(f"no live sequence holds the cells of clone {int(clone)}")
+    raise ValueError(f"no live sequence holds the cells of clone {clone}")
+
+
+def _load(before, after, max_width: int, frame: int) -> list[Op]:
+    """A seq_load as the ops that place what it placed (docs/contract.md §13): the new
+    sequence (a clone of the cells it shares), then steps of its own tokens, max_width at a
+    time: a load takes the lowest free cells, as those steps do one after the other."""
+    (seq,) = np.flatnonzero(after.live & ~before.live).tolist()
+    held = _cells(after, seq)
+    shared = {c for c in held if c < before.read_len and before.pos[c] >= 0}
+    ops = [_clone(before, shared, seq) if shared else Op("seq_new")]
+    for first in range(len(shared), len(held), max_width):
+        n = min(max_width, len(held) - first)
+        ops.append(Op("step", ((seq,) * n, n, 1, frame)))
+    return ops
 
 
 def _cells(snapshot, seq: int) -> list[int]:

@@ -272,15 +272,37 @@ HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
 }  # fmt: skip
 
 
+def reload_into_holes(config: CacheConfig) -> Scripts:
+    """Two sequences interleaved cell by cell, one removed; the other reloaded whole (into
+    the holes: the pool's tail is too short), reloaded again (too few cells or ids), and
+    its second half reloaded onto it; then they append (docs/contract.md §13)."""
+    n = max(1, min(config.max_seq_len - 1, config.capacity // 2))
+    s = Script(config, 2)
+    for _ in range(n):
+        s.step([0, 1])
+    s.add("seq_rm", 1).add("reload", 0, 0).add("reload", 0, 0).step([1, 0])
+    s.add("seq_rm", 1).add("reload", 0, n // 2).step([1]).step([0, 1])
+    yield f"of length {n}", s.ops
+
+
+# hazards of the optional kinds (`workloads.OPTIONAL_KINDS`): run only when asked for
+OPTIONAL_HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
+    "reload-into-holes": ("a sequence reloaded into a fragmented pool, refused when full, "
+                          "and its tail reloaded onto it", reload_into_holes),
+}  # fmt: skip
+ALL_HAZARDS = {**HAZARDS, **OPTIONAL_HAZARDS}
+
+
 def scripts(config: CacheConfig, compare: str = "semantic",
             names: Iterable[str] = HAZARDS) -> Iterator[tuple[str, str, list[Op]]]:  # fmt: skip
-    """The scripts of the hazards `names` (default all) for `config`: (name, label, ops), in
-    `HAZARDS` order; reads of the fields of `READS[compare]` only."""
+    """The scripts of the hazards `names` (default all but the optional ones) for `config`:
+    (name, label, ops), in `ALL_HAZARDS` order; reads of the fields of `READS[compare]`
+    only."""
     fields, names = READS[compare], set(names)
-    unknown = names - set(HAZARDS)
+    unknown = names - set(ALL_HAZARDS)
     if unknown:
-        raise ValueError(f"no hazards {sorted(unknown)}; the hazards are {list(HAZARDS)}")
-    for name, (_, make) in HAZARDS.items():
+        raise ValueError(f"no hazards {sorted(unknown)}; the hazards are {list(ALL_HAZARDS)}")
+    for name, (_, make) in ALL_HAZARDS.items():
         if name not in names:
             continue
         for label, ops in make(config):

@@ -21,6 +21,8 @@ An op is a verb of docs/contract.md §2 with its arguments (`seq_new`, `seq_clon
                                    `mode=` when they are not None
     Op("read", (field,)), Op("read", ("mask", window))  a field (or a mask) of the last
                                    prepared step, stale or not: its value or the StepError
+    Op("reload", (seq, start))     seq_load(seq_save(seq, start=start), onto=seq when start
+                                   is not 0): the new id (docs/contract.md §13)
 
 Any exception the cache under test raises is an outcome: an error class the reference did
 not raise (an `IndexError`, a timeout past `op_timeout` seconds) is a `Divergence` like any
@@ -44,7 +46,7 @@ from numbakv.testing.state import after_op, observed, refusal_changed, track_ste
 COMPARES = ("semantic", "table")
 TABLE_VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
 STEP_VERBS = ("declare", "prepare", "write", "attend", "read")
-VERBS = (*TABLE_VERBS, "step", *STEP_VERBS)
+VERBS = (*TABLE_VERBS, "step", *STEP_VERBS, "reload")
 MODES = ("gathered", "masked")
 OP_TIMEOUT = 10.0  # seconds one op of the cache under test may take before it is a hang
 
@@ -128,6 +130,9 @@ def apply(cache, op: Op, config: CacheConfig, last=None):
         keywords = {name: value for name, value in (("scale", scale), ("mode", mode))
                     if value is not None}  # fmt: skip
         return as_host(cache.attend(layer, query(config, rows, n_heads, seed, layer), **keywords))
+    if verb == "reload":
+        seq, start = args
+        return cache.seq_load(cache.seq_save(seq, start=start), onto=seq if start else None)
     if verb == "read":
         if last is None:
             return None

@@ -43,11 +43,16 @@ REFUSALS = {  # name: (error class, what is refused)
     "attend: bad heads": ("StepError", "q heads not a positive multiple of n_kv_heads"),
     "attend: bad shape": ("StepError", "q not [width, n_heads, head_dim]"),
     "attend: bad scale": ("StepError", "a scale that is not a finite positive real"),
+    "reload: not live": ("SequenceError", "seq_save of an id that is not live"),
+    "reload: start out of range": ("SequenceError", "start outside [0, pos(seq)]"),
+    "reload: every id live": ("CapacityError", "seq_load with max_seqs ids live"),
+    "reload: too few free cells": ("CapacityError", "a state of more positions than free cells"),
     "read: stale step": ("StepError", "a field of a stale step"),
     "read: no such window": ("StepError", "step.mask(window) of a window not in the config"),
 }  # fmt: skip
 TABLE_ONLY = ("read: no such window",)  # masks are a layout field: compare="table" reads them
-TABLE_CHANGES = ("seq_clone", "seq_rm", "rewind", "clear")  # drop a declaration, stale the step
+# drop a declaration, stale the step
+TABLE_CHANGES = ("seq_clone", "seq_rm", "rewind", "clear", "reload")
 
 
 def index(value) -> int | None:
@@ -180,6 +185,10 @@ class Protocol:
         if len(args) > 1 and args[1] is not None:
             position = index(args[1])
             if position is None or not 0 <= position <= reference.pos(seq):
-                name = "upto" if verb == "seq_clone" else "position"
+                name = {"seq_clone": "upto", "reload": "start"}.get(verb, "position")
                 return f"{verb}: {name} out of range"
-        return "seq_clone: every id live" if verb == "seq_clone" and full else None
+        if verb in ("seq_clone", "reload") and full:
+            return f"{verb}: every id live"
+        if verb == "reload" and reference.pos(seq) - index(args[1]) > reference.free_cells:
+            return "reload: too few free cells"
+        return None

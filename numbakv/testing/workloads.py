@@ -17,7 +17,11 @@ from numbakv.testing.protocol import SEMANTIC_FIELDS
 GROUPS = (1, 2, 4, 8)  # query heads per KV head of a step's attends (GQA)
 KINDS = ("step", "seq_new", "seq_clone", "rewind", "seq_rm", "clear",
          "declare", "prepare", "write", "attend", "read")  # fmt: skip
-CLASSIC = (8, 3, 3, 3, 2, 1, 1, 1, 1, 1, 1)  # each kind's weight in the default mix
+# kinds a workload draws only when asked: "reload" is seq_save then seq_load (docs/contract.md
+# §13), which a cache without saved sequences does not answer
+OPTIONAL_KINDS = ("reload",)
+ALL_KINDS = KINDS + OPTIONAL_KINDS
+CLASSIC = (8, 3, 3, 3, 2, 1, 1, 1, 1, 1, 1, 0)  # each kind's weight in the default mix
 PICKS = 8  # an id is a pick in [0, PICKS): 0-3 any live id, 4-5 one of the two highest
 # live ids, 6 any id in [0, max_seqs], 7 a hostile one (see `decode`)
 HOSTILE_POSITIONS = (-1, 0.5)  # refused: a negative position, one that is not an integer
@@ -33,7 +37,7 @@ READS = {  # the step fields a read op reads, by compare
 
 @dataclass(frozen=True)
 class Swarm:
-    """The mix of one workload: `weights`, one per kind of op (`KINDS`; 0 = never);
+    """The mix of one workload: `weights`, one per kind of op (`ALL_KINDS`; 0 = never);
     `hostile`, whether ids, positions, layers, scales and modes may be hostile; `long`,
     whether steps favour prefills of max_width tokens of one sequence (so that sequences
     reach max_seq_len)."""
@@ -48,12 +52,15 @@ class Swarm:
         in [1, 8]; hostile values in 3 mixes of 4; long prefills in 1 of 2."""
         on = (rng.random(len(KINDS)) < 0.5) & np.isin(KINDS, list(kinds))
         on[0] = True
-        weights = np.where(on, rng.integers(1, 9, len(KINDS)), 0)
-        return cls(tuple(int(w) for w in weights), bool(rng.random() < 0.75),
-                   bool(rng.random() < 0.5))  # fmt: skip
+        weights = [int(w) for w in np.where(on, rng.integers(1, 9, len(KINDS)), 0)]
+        hostile, long = bool(rng.random() < 0.75), bool(rng.random() < 0.5)
+        for kind in OPTIONAL_KINDS:  # drawn last and only when asked: KINDS' mixes stay
+            weights.append(int(rng.integers(1, 9)) if kind in kinds and rng.random() < 0.5 else 0)
+        return cls(tuple(weights), hostile, long)
 
     def __str__(self) -> str:
-        mix = ", ".join(f"{kind} {w}" for kind, w in zip(KINDS, self.weights, strict=True) if w)
+        pairs = zip(ALL_KINDS, self.weights, strict=True)
+        mix = ", ".join(f"{kind} {w}" for kind, w in pairs if w)
         return f"{mix}; hostile {self.hostile}; long {self.long}"
 
 
@@ -84,15 +91,16 @@ def decode(code: int, reference, config: CacheConfig, swarm: Swarm | None = None
 
     Ids: 3 in 4 live (any, or one of the two highest, so that ids past 63 carry tokens when
     they are live), else any id in [0, max_seqs] (max_seqs is never live) or a hostile one
-    (`hostile_ids`). Positions and `upto`: from the end down to 0, one past the end,
-    sometimes -1 or 0.5. Steps (and declarations): any ids, a prefill of one sequence
-    beside one decode token of others (in either order or interleaved), one decode token of
-    each of several sequences, or an empty declaration; up to one token too many; width the
-    declared count, one more, or any in [0, max_width + 1]; 1, 2, 4 or 8 query heads per KV
-    head; mode gathered or masked. Writes and attends: layers in range or not, the step's
-    rows or one more, float16 or int32 K/V, heads not a multiple of n_kv_heads, scales
-    0.5, 2 or hostile, modes named or hostile. Reads: every field of `READS[compare]`, a
-    mask of a window the config has or not. `clear` only when half the cells are used."""
+    (`hostile_ids`). Positions, `upto` and a reload's `start` (half the time the whole
+    sequence): from the end down to 0, one past the end, sometimes -1 or 0.5. Steps (and
+    declarations): any ids, a prefill of one sequence beside one decode token of others (in
+    either order or interleaved), one decode token of each of several sequences, or an empty
+    declaration; up to one token too many; width the declared count, one more, or any in [0,
+    max_width + 1]; 1, 2, 4 or 8 query heads per KV head; mode gathered or masked. Writes
+    and attends: layers in range or not, the step's rows or one more, float16 or int32 K/V,
+    heads not a multiple of n_kv_heads, scales 0.5, 2 or hostile, modes named or hostile.
+    Reads: every field of `READS[compare]`, a mask of a window the config has or not.
+    `clear` only when half the cells are used."""
     digits, live, swarm = Digits(code), list(reference.live_seqs), swarm or Swarm()
 
     def seq():
@@ -120,8 +128,8 @@ def decode(code: int, reference, config: CacheConfig, swarm: Swarm | None = None
     target = seq()
     if verb == "seq_rm":
         return Op(verb, (target,))
-    if verb == "seq_clone" and digits.take(2):
-        return Op(verb, (target, None))
+    if verb in ("seq_clone", "reload") and digits.take(2):  # the whole sequence
+        return Op(verb, (target, None if verb == "seq_clone" else 0))
     end = reference.pos(target) if target in live else config.max_seq_len
     back = digits.take(end + 2)
     position = end - back if back <= end else end + 1  # the end, down to 0, one past the end
@@ -133,7 +141,7 @@ def decode(code: int, reference, config: CacheConfig, swarm: Swarm | None = None
 def _kind(digits: Digits, weights: tuple[int, ...]) -> str:
     """The kind of op, drawn by weight (the first kinds, steps, at the smallest digits)."""
     draw = digits.take(sum(weights))
-    for kind, weight in zip(KINDS, weights, strict=True):
+    for kind, weight in zip(ALL_KINDS, weights, strict=True):
         if draw < weight:
             return kind
         draw -= weight

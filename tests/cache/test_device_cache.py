@@ -222,8 +222,9 @@ CONFIGS = [  # (max_seqs, windows, dtype, capacity, initial_cells, max_width, ma
 
 
 # the hook holds the whole pool to the reference's, so every placed cell must be written:
-# whole steps only (tests/testing/test_check_cache.py runs the step protocol's hazards)
-TABLE_AND_STEPS = ("step", "seq_new", "seq_clone", "rewind", "seq_rm", "clear")
+# whole steps and saved sequences reloaded (seq_save then seq_load, docs/contract.md §13)
+# only (tests/testing/test_check_cache.py runs the step protocol's hazards)
+TABLE_AND_STEPS = ("step", "seq_new", "seq_clone", "rewind", "seq_rm", "clear", "reload")
 
 
 def parked_and_two_open(config) -> list[Op]:
@@ -233,9 +234,11 @@ def parked_and_two_open(config) -> list[Op]:
 
 def test_the_device_cache_holds_to_the_reference():
     VariedCache.runs.clear()
-    check_cache(VariedCache, compare="table", configs=CONFIGS, prefix=parked_and_two_open,
-                tolerance=TOLERANCE["float32"], check=device_state, hazards=False,
-                kinds=TABLE_AND_STEPS, max_examples=40, max_ops=30)  # fmt: skip
+    coverage = check_cache(VariedCache, compare="table", configs=CONFIGS,
+                           prefix=parked_and_two_open, tolerance=TOLERANCE["float32"],
+                           check=device_state, hazards=False, kinds=TABLE_AND_STEPS,
+                           max_examples=40, max_ops=30, report=True)  # fmt: skip
+    assert coverage.verbs["reload"] and coverage.refusals["reload: every id live"]
     ran = set(VariedCache.runs)
     assert {("stream", s) for s in ("own", "numba", "foreign")} <= ran
     assert {("attend", "gathered"), ("attend", "masked"), "attend out="} <= ran

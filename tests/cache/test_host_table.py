@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from numbakv.cache.table import HostTable
 from numbakv.errors import CapacityError, SequenceError
 from numbakv.testing import Op
-from numbakv.testing.workloads import CLASSIC, CODES, KINDS, Swarm, decode
+from numbakv.testing.workloads import ALL_KINDS, CLASSIC, CODES, Swarm, decode
 
 from table_pair import MAX_SEQS, TablePair, config, step
 
 # -- random workloads ------------------------------------------------------------------
 
 TABLE_MIX = Swarm(tuple(w if k in ("step", "seq_new", "seq_clone", "rewind", "seq_rm", "clear")
-                        else 0 for k, w in zip(KINDS, CLASSIC, strict=True)))  # fmt: skip
+                        else 0 for k, w in zip(ALL_KINDS, CLASSIC, strict=True)))  # fmt: skip
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

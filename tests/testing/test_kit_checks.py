@@ -15,7 +15,7 @@ from numbakv.reference import CellCache
 from numbakv.testing import DEFAULT_CONFIGS, Divergence, Op, check_cache, decode, run_script
 from numbakv.testing.oplog import load_ops
 from numbakv.testing.ops import VERBS
-from numbakv.testing.workloads import CODES, GROUPS, hostile_ids
+from numbakv.testing.workloads import ALL_KINDS, CODES, GROUPS, Swarm, hostile_ids
 
 CONFIG = DEFAULT_CONFIGS[1]  # 2 layers (windows 0 and 3), 2 KV heads, 4 ids, 24 cells
 TWO_STEPS = [Op("seq_new"), Op("step", ((0, 0), None, 1, 1)), Op("seq_new"), Op("rewind", (0, 1))]
@@ -219,7 +219,13 @@ def test_decode_draws_every_kind_of_op_and_each_prints_as_a_script():
     rng = np.random.default_rng(0)
     ops = [decode(int(code), cache, CONFIG) for code in rng.integers(0, CODES, 3000, np.uint64)]
     assert all(eval(repr(op), {"Op": Op}) == op for op in ops)
-    assert {op.verb for op in ops} == set(VERBS)
+    assert {op.verb for op in ops} == set(VERBS) - {"reload"}  # an opt-in kind
+    reloads = Swarm(weights=(1,) + (0,) * (len(ALL_KINDS) - 2) + (1,))
+    drawn = [
+        decode(int(code), cache, CONFIG, reloads) for code in rng.integers(0, CODES, 2000, np.uint64)
+    ]
+    assert {op.verb for op in drawn} == {"step", "reload"}
+    assert {op.args[1] for op in drawn if op.verb == "reload" and op.args[0] == 0} >= {0, 3, 6, 7}
     targets = {op.args[0] for op in ops if op.verb in ("seq_rm", "rewind", "seq_clone")}
     assert {*hostile_ids(CONFIG), *range(CONFIG.max_seqs + 1)} <= targets
     positions = {op.args[1] for op in ops if op.verb == "rewind" and op.args[0] == 0}

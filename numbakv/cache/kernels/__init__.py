@@ -22,6 +22,7 @@ MODULES = (
     "verbs",
     "masks",
     "seq_cells",
+    "rows",
     "attention.decode",
     "attention.prefill",
     "attention.merge",

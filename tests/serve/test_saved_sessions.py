@@ -1,0 +1,215 @@
+"""Saved sequences in serving (docs/contract.md §13): an executor's sessions saved and loaded
+(a `Lockstep` loads one state into both caches, a device state into the reference), and a
+finished conversation carried by `Engine.save` / `Engine.load` to an engine in another
+process, which hits all of it and samples what the first engine would have."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import numbakv
+from numbakv.errors import CapacityError, ConfigError, SequenceError, StateError
+from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor
+from numbakv.serve.host_tier import tail
+from numbakv.serve.lockstep import Lockstep
+from numbakv.serve.prefix import PrefixCache
+from numbakv.serve.sampling import Sampling
+from numbakv.state import SeqState
+
+from helpers import tiny_model
+
+MODEL = tiny_model(seed=5)
+PROMPT = [int(t) for t in np.random.default_rng(2).integers(0, 256, 11)]
+SAMPLING = Sampling(0.9, top_k=20, seed=3)
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def executor(cache_type=CellCache, sessions=3, capacity=96) -> Executor:
+    config = MODEL.config.cache_config(capacity=capacity, max_width=16, max_seqs=4)
+    return Executor(MODEL, cache_type(config), sessions, 32)
+
+
+def decode(ex, session: int, first: int, n: int) -> list[int]:
+    """`n` tokens sampled one per batch, the first fed being `first`."""
+    tokens = [first]
+    for _ in range(n):
+        [out] = ex.execute([Input(session, ex.length(session), tokens[-1:])])
+        tokens.append(out.token)
+    return tokens[1:]
+
+
+def test_a_saved_session_loads_into_another_executor_and_samples_the_same():
+    ex, other = executor(), executor()
+    session = ex.open_session(SAMPLING)
+    [out] = ex.execute([Input(session, 0, PROMPT)])
+    state = ex.save_session(session)
+    assert (state.start, state.end) == (0, len(PROMPT))
+    loaded = other.load_session(state, sampling=SAMPLING, drawn=1)  # one token was sampled
+    assert other.sessions == [loaded] and other.length(loaded) == len(PROMPT)
+    assert other.save_session(loaded) == state
+    assert decode(other, loaded, out.token, 4) == decode(ex, session, out.token, 4)
+    tail_state = ex.save_session(session, 6)  # a tail loads onto a session holding 0 .. 5
+    stem = other.clone(loaded, 6)
+    again = other.load_session(tail_state, onto=stem)
+    assert other.save_session(again, 6) == tail_state and other.length(again) == ex.length(session)
+
+
+def test_load_session_refusals_change_nothing():
+    ex = executor(sessions=2)
+    state = ex.save_session(ex.execute([Input(ex.open_session(), 0, PROMPT)])[0].session, 3)
+    with pytest.raises(SequenceError, match="not open"):
+        ex.save_session(7)
+    with pytest.raises(SequenceError, match="onto"):
+        ex.load_session(state)  # from position 3: it needs onto=
+    with pytest.raises(SequenceError, match="not open"):
+        ex.load_session(state, onto=5)
+    with pytest.raises(ConfigError, match="drawn"):
+        ex.load_session(state, onto=0, drawn=-1)
+    with pytest.raises(ConfigError, match="SeqState"):
+        ex.load_session("state.npz")
+    short = Executor(MODEL, CellCache(ex.cache.config), 2, 8)
+    whole = ex.save_session(0)
+    with pytest.raises(CapacityError, match="max_session_tokens=8"):
+        short.load_session(whole)
+    ex.open_session()
+    with pytest.raises(CapacityError, match="sessions are open"):
+        ex.load_session(whole)
+    assert ex.sessions == [0, 1] and ex.length(1) == 0
+
+
+def test_lockstep_loads_a_device_state_into_the_reference():
+    device, reference = executor(numbakv.CellCache), executor()
+    lockstep = Lockstep(device, reference)
+    session = lockstep.open_session()
+    [out] = lockstep.execute([Input(session, 0, PROMPT)])
+    state = lockstep.save_session(session)
+    assert state == device.save_session(session)
+    loaded = lockstep.load_session(state)  # into both caches: the tables stay equal
+    assert reference.save_session(loaded) == state
+    assert decode(lockstep, loaded, out.token, 1) == decode(lockstep, session, out.token, 1)
+    assert lockstep.cache.snapshot() == reference.cache.snapshot()
+
+
+# -- Engine.save / Engine.load ---------------------------------------------------------
+
+
+def chat_engine(capacity=128, host_bytes=None, prefix=True) -> Engine:
+    config = MODEL.config.cache_config(capacity=capacity, max_width=16, max_seqs=8)
+    ex = Executor(MODEL, CellCache(config), 6, 60, oversubscribe=True)
+    return Engine(ex, prefix_cache=PrefixCache(ex, host_bytes=host_bytes) if prefix else None)
+
+
+NEXT = [5, 6, 7]  # the next turn's message
+
+CHILD = """
+import json, sys
+from numbakv.reference import CellCache
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor
+from numbakv.serve.prefix import PrefixCache
+from helpers import tiny_model
+model = tiny_model(seed=5)
+config = model.config.cache_config(capacity=128, max_width=16, max_seqs=8)
+executor = Executor(model, CellCache(config), 6, 60, oversubscribe=True)
+engine = Engine(executor, prefix_cache=PrefixCache(executor))
+loaded = engine.load(sys.argv[1])
+[done] = engine.generate([json.loads(sys.argv[2])], max_new_tokens=6)
+print(json.dumps([loaded, done.metrics.n_cached_tokens, done.tokens[0]]))
+"""
+
+
+def test_a_saved_conversation_goes_on_in_a_new_process(tmp_path):
+    first = chat_engine()
+    [done] = first.generate([PROMPT], max_new_tokens=5)
+    conversation = done.prompt + done.tokens[0][:-1]  # the last token was never fed
+    path = tmp_path / "chat.npz"
+    state = first.save(done.request_id, path)
+    assert state.tokens.tolist() == conversation and state.n_tokens == len(conversation)
+    assert SeqState.load(path) == state  # tokens and all
+    prompt = done.prompt + done.tokens[0] + NEXT
+    [expect] = first.generate([prompt], max_new_tokens=6)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), json.dumps(prompt)],
+        capture_output=True, text=True, timeout=120, cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    loaded, cached, tokens = json.loads(child.stdout)
+    assert loaded == len(conversation) == cached == expect.metrics.n_cached_tokens
+    assert tokens == expect.tokens[0]
+
+
+def test_a_loaded_state_is_hit_whole_in_the_same_process(tmp_path):
+    first = chat_engine()
+    [done] = first.generate([PROMPT], max_new_tokens=5)
+    state = first.save(done.request_id, tmp_path / "chat.npz")
+    second = chat_engine()
+    assert second.load(state) == state.n_tokens
+    prompt = done.prompt + done.tokens[0] + NEXT
+    [got], [expect] = (e.generate([prompt], max_new_tokens=6) for e in (second, first))
+    assert got.metrics.n_cached_tokens == state.n_tokens and got.tokens == expect.tokens
+    assert second.metrics.n_computed_tokens == len(prompt) - state.n_tokens
+
+
+def test_engine_save_refusals(tmp_path):
+    path = tmp_path / "chat.npz"
+    with pytest.raises(ConfigError, match="prefix_cache=PrefixCache"):
+        chat_engine(prefix=False).save(0, path)
+    e = chat_engine()
+    with pytest.raises(ConfigError, match="no request 0"):
+        e.save(0, path)
+    waiting = e.submit(PROMPT, max_new_tokens=3)
+    with pytest.raises(ConfigError, match="not finished"):
+        e.save(waiting, path)
+    e.step()
+    with pytest.raises(ConfigError, match="running"):
+        e.save(waiting, path)
+    [salted] = e.generate([PROMPT], max_new_tokens=3, cache_salt="user")
+    with pytest.raises(ConfigError, match="cache_salt='user'"):
+        e.save(salted.request_id, path)
+    cancelled = e.submit(PROMPT, max_new_tokens=3)
+    e.cancel(cancelled)
+    with pytest.raises(ConfigError, match="cancelled"):
+        e.save(cancelled, path)
+    while e.is_busy:
+        e.step()
+    e.drop_prefix_cache()
+    with pytest.raises(CapacityError, match="keeps no copy"):
+        e.save(waiting, path)
+    assert not path.exists()
+
+
+def test_an_evicted_conversation_is_saved_from_the_host_tier(tmp_path):
+    e = chat_engine(host_bytes=10**6)
+    [done] = e.generate([PROMPT], max_new_tokens=5)
+    kept = e.save(done.request_id, tmp_path / "pool.npz")
+    e.drop_prefix_cache()
+    assert e.prefix_cache.n_cells == 0 and e.save(done.request_id, tmp_path / "host.npz") == kept
+
+
+def test_engine_load_refusals(tmp_path):
+    e = chat_engine()
+    [done] = e.generate([PROMPT], max_new_tokens=5)
+    state = e.save(done.request_id, tmp_path / "chat.npz")
+    with pytest.raises(ConfigError, match="prefix_cache=PrefixCache"):
+        chat_engine(prefix=False).load(state)
+    with pytest.raises(StateError, match="no tokens"):
+        chat_engine().load(tail(state, 0, state.n_tokens))
+    with pytest.raises(StateError, match="starts at 4"):
+        chat_engine().load(tail(state, 4, state.n_tokens))
+    with pytest.raises(StateError):
+        chat_engine().load(Path("/nonexistent/chat.npz"))
+    config = MODEL.config.cache_config(capacity=8, max_width=8, max_seqs=2)
+    small_executor = Executor(MODEL, CellCache(config), 1, 8)
+    small = Engine(small_executor, prefix_cache=PrefixCache(small_executor))
+    with pytest.raises(CapacityError, match="cells"):
+        small.load(state)
+    assert small.prefix_cache.n_cells == 0 and small.executor.sessions == []
