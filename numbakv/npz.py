@@ -17,6 +17,7 @@ import json
 import math
 import os
 import reprlib
+import stat
 import struct
 import tokenize
 import zipfile
@@ -30,6 +31,7 @@ import numpy as np
 from numpy.lib.format import read_array_header_1_0, read_array_header_2_0, read_magic
 
 T = TypeVar("T")
+METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
 MAX_DEFLATE_RATIO = 1032  # deflate expands a stream by at most this factor
 NPY_VERSIONS = {(1, 0): read_array_header_1_0, (2, 0): read_array_header_2_0}
 # what a damaged zip raises from zipfile and zlib (reading it or its members)
@@ -69,6 +71,8 @@ def read(path, kind: Kind, reader: Callable[[zipfile.ZipFile, int], T]) -> T:
     path = Path(path)
     noun, error_class = kind.noun, kind.error
     try:
+        if path.exists() and not (path.is_dir() or stat.S_ISREG(path.stat().st_mode)):
+            raise Refused("it is not a regular file")  # a fifo, /dev/zero: read forever
         with open(path, "rb") as file:
             return _read(file, kind, reader)
     except FileNotFoundError:
@@ -110,12 +114,12 @@ def reason(error: BaseException) -> str:
 
 def members(
     archive: zipfile.ZipFile, size: int, required: Sequence[str],
-    optional: Collection[str] | None = (),
+    optional: Collection[str] | None = (), deflate: bool = True,
 ) -> dict[str, zipfile.ZipInfo]:  # fmt: skip
     """{name: ZipInfo} of the members `name.npy` of `required` (each must be there) and of
     `optional` (other members are ignored), or with `optional` None of every member (each
-    must be an .npy); each once, unencrypted, stored or deflated, and plausible in a file
-    of `size` bytes."""
+    must be an .npy); each once, unencrypted, stored or (when `deflate`) deflated, and
+    plausible in a file of `size` bytes."""
     found: dict[str, zipfile.ZipInfo] = {}
     for info in archive.infolist():
         name = info.filename.removesuffix(".npy")
@@ -129,14 +133,16 @@ def members(
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise Refused(f"it has no {missing[0]} member{more}")
-    ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: MAX_DEFLATE_RATIO}
+    ratio = {zipfile.ZIP_STORED: 1}
+    if deflate:
+        ratio[zipfile.ZIP_DEFLATED] = MAX_DEFLATE_RATIO
     for info in found.values():
         if info.flag_bits & 0x1:
             raise Refused(f"member {info.filename} is encrypted")
         if info.compress_type not in ratio:
             raise Refused(
                 f"member {info.filename} uses compression method {info.compress_type}, "
-                "not stored (0) or deflate (8)"
+                f"not {' or '.join(f'{METHODS[m]} ({m})' for m in ratio)}"
             )
         most = ratio[info.compress_type] * info.compress_size
         if info.compress_size > size or info.file_size > most:

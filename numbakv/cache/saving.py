@@ -45,10 +45,15 @@ class Saving:
         start = check_start(start, length, seq)
         n = length - start
         layout = Layout(self.config, n, (False,) * self.config.n_layers)
-        host = np.empty(layout.n_bytes, np.uint8)
+        stream = self._streams.current
+        try:
+            host = np.empty(layout.n_bytes, np.uint8)
+            staging = cuda.device_array(layout.n_bytes, np.uint8, stream=stream) if n else None
+        except ALLOCATION_ERRORS as error:
+            raise AllocationError(
+                f"could not allocate the {layout.n_bytes} bytes of staging to save sequence {seq}"
+            ) from error
         if n:
-            stream = self._streams.current
-            staging = cuda.device_array(layout.n_bytes, np.uint8, stream=stream)
             cells = self._buffers.seq_cells[seq, start:length]
             pool = self._pool
             for layer in range(self.config.n_layers):

@@ -78,6 +78,10 @@ class Admission:
         resumed = bool(r.samples)
         if not self.sessions.room_for_sessions(n_sessions, self.reserved()):
             return False
+        if self.running and self.sessions.host is not None:  # a reload is work: room first,
+            pool = sum(len(r.context(s)) - self.sessions.pool_hit(r, s) for s in samples)
+            if not self.sessions.room_for_cells(pool + self.watermark):  # by the pool's hit
+                return False
         opened = [(sample, *self.sessions.open(r, sample, beside)) for sample in samples]
         needed = sum(len(r.context(s)) - m for s, _, m, _ in opened) + self.watermark
         if self.running and not self.sessions.room_for_cells(needed):

@@ -71,7 +71,10 @@ class HostTier:
             return
         if self._token_bytes is not None and len(tokens) * self._token_bytes > self.max_bytes:
             return  # known too large: not saved at all
-        state = save()
+        try:
+            state = save()
+        except CapacityError:  # no memory to save it in: the cells go without a copy
+            return
         self._token_bytes = state.nbytes // max(1, state.n_tokens)
         if state.nbytes > self.max_bytes:
             return

@@ -44,6 +44,16 @@ class Sessions:
     def n_evicted_cells(self) -> int:
         return self._evicted
 
+    @property
+    def host(self):
+        """The prefix cache's host tier, or None."""
+        return None if self.prefix is None else self.prefix.host
+
+    def pool_hit(self, r: Request, sample: Sample) -> int:
+        """Positions of `sample`'s context the pool holds now (the prefix cache's match);
+        what a reload from the host tier adds needs cells as computing it would."""
+        return 0 if self.prefix is None else self.prefix.match(r.context_ids(sample), r.cache_salt)
+
     def open(
         self, r: Request, sample: Sample, beside: Sample | None = None
     ) -> tuple[int, int, int]:

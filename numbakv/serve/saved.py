@@ -24,6 +24,7 @@ from numbakv.serve.faults import completes
 from numbakv.serve.host_tier import tail
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
 from numbakv.state import SeqState
+from numbakv.state.seq_state import load_plan
 
 
 class SavedSessions:
@@ -52,6 +53,7 @@ class SavedSessions:
         after `drawn` sampled tokens. Refused with nothing changed: no free session, too few
         cells or a state past max_session_tokens (CapacityError), another geometry
         (ConfigError), a bad `onto` (SequenceError), a damaged state (StateError)."""
+        load_plan(state, self.cache.config, False)  # the cache's first refusals, in its order
         check_sampling(sampling)
         drawn = int_at_least("drawn", drawn, 0)
         onto = None if onto is None else self._check_open(onto)
@@ -127,6 +129,12 @@ class SavedConversations:
                 f"(Engine.save); this one starts at {state.start} and has "
                 f"{'no' if state.tokens is None else len(state.tokens)} tokens"
             )
+        vocab, tokens = self.executor.vocab_size, state.tokens
+        if len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
+            raise StateError(f"the conversation's token ids are not all in [0, {vocab})")
+        cache = getattr(self.executor, "cache", None)
+        if cache is not None:  # before room is made: a foreign state evicts nothing
+            load_plan(state, cache.config, False)
         sessions = self._sessions
         if not sessions.room_for_sessions(1, self._admission.reserved()):
             raise CapacityError("no session is free for the conversation: requests hold them")

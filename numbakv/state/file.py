@@ -29,6 +29,7 @@ disagrees.
 
 import hashlib
 import json
+import os
 import re
 import zipfile
 from typing import TYPE_CHECKING
@@ -75,12 +76,19 @@ def header_checksum(header: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def state_path(path) -> "os.PathLike":
+    """`path` (a str or an os.PathLike) as given, else StateError naming it."""
+    if not isinstance(path, str | os.PathLike):
+        raise StateError(f"a state's path is a str or a path, got {short(path)}")
+    return path
+
+
 def write_state(path, state: "SeqState") -> None:
     """Writes `state` to `path` (any name: no suffix is added) as one stored `.npz`: its
     header, positions ([n] int32), tokens when it has them ([end] int64) and each layer's K
     and V ([n, n_kv_heads, row_width] of their storage dtypes); StateError for a folder, a
     missing folder or a failed write."""
-    path = new_file(path, error=StateError)
+    path = new_file(state_path(path), error=StateError)
     arrays = {"positions": state.positions}
     if state.tokens is not None:
         arrays["tokens"] = state.tokens
@@ -93,10 +101,13 @@ def write_state(path, state: "SeqState") -> None:
     header = fields | {"checksums": {name: checksum(array) for name, array in arrays.items()}}
     header["checksums"]["header"] = header_checksum(header)
     text = json.dumps(header, allow_nan=False)
+    partial = path.with_name(f".{path.name}.partial")  # a failed write keeps the old file
     try:
-        with open(path, "wb") as file:
+        with open(partial, "wb") as file:
             np.savez(file, header=np.array(text), **arrays)
+        os.replace(partial, path)
     except OSError as error:
+        partial.unlink(missing_ok=True)
         raise StateError(f"cannot write {path} ({error.strerror}); check the folder") from None
 
 
@@ -113,13 +124,13 @@ def read_state(path) -> Fields:
     C-contiguous. StateError naming the file and the reason for a missing, damaged,
     hostile or inconsistent file, raised before any K/V is allocated unless the reason is
     in the K/V bytes themselves (their checksum)."""
-    return npz.read(path, KIND, _read)
+    return npz.read(state_path(path), KIND, _read)
 
 
 def _read(archive: zipfile.ZipFile, size: int) -> Fields:
     """The state in `archive` (a file of `size` bytes): the header checked, then every
     member's .npy header against it, then the members read and checked one by one."""
-    members = npz.members(archive, size, ("header", "positions"), None)
+    members = npz.members(archive, size, ("header", "positions"), None, deflate=False)
     geometry, n, start, checksums = _header(npz.read_json(archive, members["header"], "header"))
     n_layers = geometry["n_layers"]
     names = member_names(n_layers, "tokens" in checksums)

@@ -7,13 +7,14 @@ never rounds. The checks here are pure: what a state must hold, and whether a ca
 given config may load it.
 """
 
+import json
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from numbakv.checks import check_position
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, SequenceError, StateError
+from numbakv.config import INT32_MAX, CacheConfig
+from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StateError
 from numbakv.formats import ARRAY_DTYPES, FLOATS, row_width
 from numbakv.state.file import VERSION, read_state, write_state
 
@@ -130,7 +131,10 @@ class SeqState:
         """The state saved at `path`; StateError naming the reason for a missing, damaged or
         foreign file, raised before the payload is allocated."""
         geometry, positions, k, v, start, tokens = read_state(path)
-        return cls(Geometry(**geometry), positions, k, v, start, tokens=tokens)
+        try:
+            return cls(Geometry(**geometry), positions, k, v, start, tokens=tokens)
+        except StateError as error:
+            raise StateError(f"{path} is not a readable numbakv state ({error})") from None
 
 
 def check_state(state: SeqState) -> None:
@@ -138,14 +142,16 @@ def check_state(state: SeqState) -> None:
     g = state.geometry
     if not isinstance(g, Geometry):
         raise StateError(f"a SeqState's geometry must be a Geometry, got {type(g).__name__}")
-    if state.version != VERSION:
+    check_geometry(g)
+    if type(state.version) is not int or state.version != VERSION:
         raise StateError(f"SeqState version {state.version!r}; this numbakv reads {VERSION}")
     positions = state.positions
     if not isinstance(positions, np.ndarray) or positions.dtype != np.int32 or positions.ndim != 1:
         raise StateError("a SeqState's positions must be a 1-d int32 array")
     n, start = len(positions), state.start
-    if type(start) is not int or start < 0:
-        raise StateError(f"a SeqState's start must be an int >= 0, got {start!r}")
+    if type(start) is not int or not 0 <= start <= INT32_MAX - max(n - 1, 0):
+        raise StateError(f"a SeqState's start must be an int >= 0 whose positions fit int32, "
+                         f"got {start!r}")  # fmt: skip
     if not np.array_equal(positions, start + np.arange(n)):
         raise StateError(f"a SeqState's positions must be {start}, {start + 1}, ... in order")
     tokens = state.tokens
@@ -168,6 +174,23 @@ def check_state(state: SeqState) -> None:
                     f"layer {layer}'s {name.upper()} must be {shape} {ARRAY_DTYPES[fmt]} "
                     f"({fmt}), got {got}"
                 )
+
+
+def check_geometry(g: Geometry) -> None:
+    """StateError unless `g` is what `Geometry.of` gives for some `CacheConfig`: plain ints,
+    known formats, blocks that fit head_dim, one window, format pair and scale pair per
+    layer, finite positive float32 scales."""
+    try:
+        config = CacheConfig(
+            n_layers=g.n_layers, n_kv_heads=g.n_kv_heads, head_dim=g.head_dim,
+            windows=g.windows, layer_dtypes=g.formats, fp8_scales=g.fp8_scales, capacity=1,
+            max_width=1, max_seqs=1,
+        )  # fmt: skip
+        same = json.dumps(g.as_dict()) == json.dumps(Geometry.of(config).as_dict())
+    except (CacheError, TypeError, ValueError, IndexError, KeyError) as error:
+        raise StateError(f"a SeqState's geometry is not one a CacheConfig holds: {error}") from None
+    if not same:
+        raise StateError(f"a SeqState's geometry is not as a CacheConfig holds it: {g}")
 
 
 def check_start(start, length: int, seq: int) -> int:
@@ -200,9 +223,10 @@ def load_plan(state, config: CacheConfig, convert) -> tuple[bool, ...]:
     plan = []
     for layer in range(mine.n_layers):
         formats, scales = state.geometry.formats[layer], state.geometry.fp8_scales[layer]
-        same = formats == mine.formats[layer] and (
-            "fp8_e4m3" not in formats or scales == mine.fp8_scales[layer]
-        )
+        same = formats == mine.formats[layer] and all(
+            scales[which] == mine.fp8_scales[layer][which]
+            for which in (0, 1) if formats[which] == "fp8_e4m3"
+        )  # fmt: skip
         if not same and not convert:
             raise ConfigError(
                 f"layer {layer}: the state's formats are {formats} (fp8 scales {scales}), the "

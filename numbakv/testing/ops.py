@@ -274,6 +274,11 @@ class Runner:
             placed = set(expected[0].cells.tolist()) - {-1}
             for cells in self.unwritten:
                 cells |= placed
+        if op.verb == "reload" and expected[1] is None:  # a copy of an unwritten cell is one
+            snapshot = self.reference.snapshot()
+            source, copy = (_by_position(snapshot, seq) for seq in (op.args[0], expected[0]))
+            for cells in self.unwritten:
+                cells |= {copy[p] for p, cell in source.items() if cell in cells}
 
     def _undefined(self, op: Op, expected) -> dict | None:
         """{layer: [width] bool}: the rows of an attending op that see a cell no step wrote
@@ -316,6 +321,12 @@ class Runner:
             f"ops = {script(self.ops)}\n"
             f"replay: numbakv.testing.run_script(factory, config, ops{self.replay_keywords})"
         )
+
+
+def _by_position(snapshot, seq: int) -> dict[int, int]:
+    """{position: cell} of the cells `seq` owns in `snapshot`."""
+    held = np.flatnonzero((snapshot.owners[:, seq >> 6] >> np.uint64(seq & 63)) & np.uint64(1))
+    return dict(zip(snapshot.pos[held].tolist(), held.tolist(), strict=True))
 
 
 def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,

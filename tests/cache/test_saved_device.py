@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv.testing.launches as counting
-from numbakv.cache import CellCache
+from numbakv.cache import CellCache, saving
 from numbakv.cache.cuda import IS_SIMULATOR
-from numbakv.errors import CacheError
+from numbakv.errors import AllocationError, CacheError
 from numbakv.reference import CellCache as RefCache
+from numbakv.serve.prefix import PrefixCache
+from numbakv.testing import Op, run_script
 
 from helpers import full_state, small_config, step_with
 
@@ -154,3 +156,34 @@ def apply(cache, verb: str, arg: int):
     except CacheError as error:
         return type(error).__name__
     return None
+
+
+def test_a_reload_of_unwritten_cells_is_not_a_divergence():
+    """A sequence reloaded while its step is prepared but unwritten copies cells whose K/V
+    are undefined (garbage on the device, zeros in the reference): the kit treats the
+    copies as unwritten too (found by a hostile review)."""
+    c = small_config(n_layers=1, windows=(0,), capacity=8, max_width=4, max_seqs=3,
+                     initial_cells=8)  # fmt: skip
+    run_script(CellCache, c, [Op("seq_new"), Op("step", ((0, 0), None, 1, 1)),
+                              Op("declare", ((0,),)), Op("prepare", (None,)),
+                              Op("reload", (0, 0)), Op("step", ((1,), None, 1, 2))])  # fmt: skip
+
+
+def test_a_refused_staging_allocation_is_an_allocation_error_and_eviction_goes_on(monkeypatch):
+    """With no device memory to save in, seq_save raises AllocationError, changing nothing,
+    and a prefix cache with a host tier still gives the cells back (without a copy)."""
+    cache = CellCache(config(n_layers=1, windows=(0,), layer_dtypes=(("q8_0", "float16"),)))
+    seq = cache.seq_new()
+    write_step(cache, [seq] * 4, seed=11)
+    prefix = PrefixCache(cache, host_bytes=10**6)
+    prefix.insert(seq, [1, 2, 3, 4])
+    before = full_state(cache)
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("out of device memory")
+
+    monkeypatch.setattr(saving.cuda, "device_array", refuse)
+    with pytest.raises(AllocationError, match="staging"):
+        cache.seq_save(seq)
+    assert full_state(cache) == before
+    assert prefix.evict(2) == 2 and prefix.host.n_states == 0 and cache.pos(seq) == 2

@@ -3,6 +3,7 @@
 finished conversation carried by `Engine.save` / `Engine.load` to an engine in another
 process, which hits all of it and samples what the first engine would have."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -213,3 +214,51 @@ def test_engine_load_refusals(tmp_path):
     with pytest.raises(CapacityError, match="cells"):
         small.load(state)
     assert small.prefix_cache.n_cells == 0 and small.executor.sessions == []
+
+
+def test_a_foreign_conversation_is_refused_before_anything_is_evicted(tmp_path):
+    """Engine.load checks the state's geometry before it makes room: a file of another
+    model leaves the prefix cache as it was (found by a hostile review)."""
+    engine = chat_engine()
+    [done] = engine.generate([PROMPT], max_new_tokens=5)
+    state = engine.save(done.request_id, tmp_path / "chat.npz")
+    other_model = tiny_model(seed=5, windows=(0, 3))
+    config = other_model.config.cache_config(capacity=60, max_width=16, max_seqs=8)
+    ex = Executor(other_model, CellCache(config), 6, 60, oversubscribe=True)
+    other = Engine(ex, prefix_cache=PrefixCache(ex))
+    other.generate([list(range(50))], max_new_tokens=3)
+    before = (other.prefix_cache.n_cells, ex.free_cells, other.metrics.n_evicted_cells)
+    with pytest.raises(ConfigError, match="windows"):
+        other.load(state)
+    assert (other.prefix_cache.n_cells, ex.free_cells, other.metrics.n_evicted_cells) == before
+    bad = dataclasses.replace(state, tokens=np.full(state.end, -3, np.int64))
+    with pytest.raises(StateError, match="token ids"):
+        engine.load(bad)
+
+
+def test_a_request_waiting_for_cells_reloads_nothing_until_it_is_placed():
+    """A request whose host-tier hit fits but whose other cells do not waits without
+    reloading (and throwing away) its prefix every step (found by a hostile review)."""
+    config = MODEL.config.cache_config(capacity=64, max_width=16, max_seqs=8)
+    ex = Executor(MODEL, CellCache(config), 4, 60, oversubscribe=True)
+    notes = []
+    engine = Engine(ex, prefix_cache=PrefixCache(ex, host_bytes=10**7),
+                    annotate=lambda kind, **data: notes.append(kind))  # fmt: skip
+    rng = np.random.default_rng(0)
+    [done] = engine.generate([[int(t) for t in rng.integers(0, 256, 20)]], max_new_tokens=5)
+    conversation = done.prompt + done.tokens[0]
+    engine.drop_prefix_cache()  # into the host tier
+    engine.submit([int(t) for t in rng.integers(0, 256, 10)], max_new_tokens=45)
+    for _ in range(12):
+        engine.step()
+    notes.clear()
+    late = engine.submit(conversation + [int(t) for t in rng.integers(0, 256, 30)],
+                         max_new_tokens=2)  # fmt: skip
+    for _ in range(10):
+        engine.step()
+    assert not engine.result(late).tokens[0] and engine.metrics.n_reloads == 0
+    assert "reload" not in notes
+    engine.generate([], max_new_tokens=1)  # the rest runs: then it reloads once
+    while engine.is_busy:
+        engine.step()
+    assert engine.metrics.n_reloads == 1 and engine.result(late).metrics.n_host_cached_tokens

@@ -5,6 +5,7 @@ exception, never a different state."""
 
 import io
 import json
+import os
 import tracemalloc
 import zipfile
 
@@ -428,12 +429,39 @@ def test_geometry_values_are_checked_strictly(good, field, value, match):
     refused(zipped(with_header(members, header)), path, match)
 
 
-def test_a_deflated_or_fortran_ordered_file_loads_equal(good):
+def test_a_deflated_file_is_refused_and_a_fortran_ordered_one_loads_equal(good):
+    """`save` stores members: a deflated one (up to 1032 times its bytes once read) is a
+    file `save` never wrote; Fortran order is only an .npy header's flag."""
     members, state, path = good
-    assert load(zipped(members, zipfile.ZIP_DEFLATED), path) == state
+    refused(zipped(members, zipfile.ZIP_DEFLATED), path, r"compression method 8, not stored \(0\)")
     fortran = members | {"k_0.npy": npy(np.asfortranarray(state.k[0]))}
     got = load(zipped(fortran), path)
     assert got == state and got.k[0].flags.c_contiguous
+
+
+def test_a_path_that_is_not_a_regular_file_or_not_a_path_is_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(StateError, match="not a regular file"):
+        SeqState.load(fifo)
+    for path in (None, 3, b"s.npz"):
+        with pytest.raises(StateError, match="a str or a path"):
+            SeqState.load(path)
+        with pytest.raises(StateError, match="a str or a path"):
+            random_state(MIXED, 1).save(path)
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    state, path = random_state(MIXED, 2), tmp_path / "s.npz"
+    state.save(path)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(StateError, match="No space left"):
+        random_state(MIXED, 3).save(path)
+    assert SeqState.load(path) == state and sorted(p.name for p in tmp_path.iterdir()) == ["s.npz"]
 
 
 def test_writing_where_no_file_can_be_is_refused(tmp_path):
