@@ -221,9 +221,8 @@ def test_decode_draws_every_kind_of_op_and_each_prints_as_a_script():
     assert all(eval(repr(op), {"Op": Op}) == op for op in ops)
     assert {op.verb for op in ops} == set(VERBS) - {"reload"}  # an opt-in kind
     reloads = Swarm(weights=(1,) + (0,) * (len(ALL_KINDS) - 2) + (1,))
-    drawn = [
-        decode(int(code), cache, CONFIG, reloads) for code in rng.integers(0, CODES, 2000, np.uint64)
-    ]
+    codes = rng.integers(0, CODES, 2000, np.uint64)
+    drawn = [decode(int(code), cache, CONFIG, reloads) for code in codes]
     assert {op.verb for op in drawn} == {"step", "reload"}
     assert {op.args[1] for op in drawn if op.verb == "reload" and op.args[0] == 0} >= {0, 3, 6, 7}
     targets = {op.args[0] for op in ops if op.verb in ("seq_rm", "rewind", "seq_clone")}
