@@ -78,6 +78,8 @@ KERNELS = {
     "numbakv.cache.kernels.seq_cells.copy_prefix",
     "numbakv.cache.kernels.seq_cells.set_length",
     "numbakv.cache.kernels.seq_cells.clear_lengths",
+    "numbakv.cache.kernels.rows.gather_rows",
+    "numbakv.cache.kernels.rows.scatter_rows",
     *ATTENTION_KERNELS,
     *DEVICE_MODEL_KERNELS,
 }
