@@ -243,3 +243,19 @@ def test_renamed_attributes_and_keywords_still_work_and_warn():
     cache.declare_step([0, 0])
     step = cache.prepare_step()
     np.testing.assert_array_equal(old, model.forward(cache, step, [1, 2], logits_at=[1]))
+
+
+def test_every_package_of_the_checkout_is_installed():
+    """pyproject's package list names every folder of Python modules under numbakv/,
+    reference/ and viz/: an editable install finds a forgotten one, a wheel does not."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"numbakv": root / "numbakv", "numbakv.reference": root / "reference",
+               "numbakv.viz": root / "viz"}  # fmt: skip
+    found = set()
+    for package, folder in folders.items():
+        for init in folder.rglob("__init__.py"):
+            parts = init.parent.relative_to(folder).parts
+            found.add(".".join((package, *parts)))
+    assert found == set(setup["packages"])
