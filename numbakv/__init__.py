@@ -7,6 +7,7 @@
     numbakv.trace      recording a cache's table over a workload, and its file (no numba)
     numbakv.state      a sequence's K/V saved from a cache and loaded into one (no numba)
     numbakv.viz        occupancy pictures (no numba)
+    numbakv.integrations  other libraries' models served through numbakv (transformers)
     numbakv.testing    the conformance kit: hold a cache or a kernel of yours to the contract
     numbakv.cli        the `numbakv` command line: demo, viz, replay
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -60,6 +61,9 @@ _EXPORTS = {
     "ForwardCounts": "numbakv.serve.graphs",
     "EngineMetrics": "numbakv.serve.requests",
     "SessionExecutor": "numbakv.serve.protocol",
+    "ServedModel": "numbakv.serve.models",
+    "CapturedModel": "numbakv.serve.models",
+    "ModelShape": "numbakv.serve.models",
     "Engine": "numbakv.serve.engine",
     "Completion": "numbakv.serve.engine",
     "TokenEvent": "numbakv.serve.engine",

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from numbakv import tensors
 from numbakv.checks import (
     check_declaration,
     check_layer,
@@ -203,9 +204,10 @@ class CellCache(Observable):
 
     @locked
     def attend(
-        self, layer: int, q, scale: float | None = None, mode: str = "gathered"
+        self, layer: int, q, scale: float | None = None, mode: str = "gathered", *, out=None
     ) -> np.ndarray:
-        """[width, n_heads, head_dim] float32: each token's attention over the cells it sees.
+        """[width, n_heads, head_dim] float32: each token's attention over the cells it sees;
+        a CPU torch tensor in q's dtype when q is one (`numbakv.tensors`), `out` when given.
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads; query head h
                 reads KV head h // (n_heads // n_kv_heads)
@@ -216,6 +218,8 @@ class CellCache(Observable):
                 mask; "masked" reads the cells of the window's mask row (`Step.mask`,
                 `attention.attend_cells`). The same cells, so the same result up to float32
                 summation order.
+        out   : None, or a writable host float array (NumPy, a CPU torch tensor) of q's
+                shape that receives the float32 result cast to its dtype
 
         softmax(q·K[c]ᵀ·scale) · V[c] over the cells the layer's window lets a token see
         (the mask rule of docs/contract.md §3), in float32;
@@ -230,10 +234,19 @@ class CellCache(Observable):
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
-        q = host_floats("q", q)
+        caller, q = q, host_floats("q", q)
         check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
-        q = q.astype(np.float32)
+        if out is not None:
+            out = tensors.check_host_out(out, q.shape)
+        result = self._attend(layer, q.astype(np.float32), scale, mode)
+        return (
+            tensors.host_result(caller, result) if out is None else tensors.write_into(out, result)
+        )
+
+    def _attend(self, layer: int, q: np.ndarray, scale: float, mode: str) -> np.ndarray:
+        """The checked call's result, [width, n_heads, head_dim] float32."""
+        step = self._step
         window = self.config.windows[layer]
         k, v = self._pool.k[layer], self._pool.v[layer]
         (k_dtype, v_dtype), scales = self.config.formats[layer], self._pool.scales(layer)

@@ -28,7 +28,7 @@ PARTS = {
     "shared": (
         "numbakv.errors", "numbakv.config", "numbakv.config_formats", "numbakv.formats",
         "numbakv.checks", "numbakv.dlpack", "numbakv.npz", "numbakv.snapshot", "numbakv.observe",
-        "numbakv.state",
+        "numbakv.state", "numbakv.tensors",
     ),
     "reference": ("numbakv.reference",),
     "cache": ("numbakv.cache",),
@@ -40,25 +40,28 @@ PARTS = {
     "trace": ("numbakv.trace",),
     "viz": ("numbakv.viz",),
     "cli": ("numbakv.cli",),
+    "integrations": ("numbakv.integrations",),
     "benchmarks": ("benchmarks",),
 }  # fmt: skip
 EXACT = ("package",)  # parts whose names are modules, not prefixes
 BASE = ("shared", "package")  # what every part of numbakv may import
 # part -> what of numbakv it may import besides BASE and itself: parts, or modules (a name
 # with a dot that is not a part's name), and the outside modules it must never import
+TORCH = ("torch", "transformers")  # the transformers extra: imported by integrations only
 RULES = {
-    "package": (("cli",), ()),
-    "shared": ((), ("numba", "matplotlib")),
-    "reference": ((), ("numba", "matplotlib")),
-    "cache": (("kernels",), ("matplotlib",)),
-    "kernels": (("numbakv.cache.cuda", "numbakv.cache.device"), ("matplotlib",)),
-    "device_model": (("cache", "kernels", "numbakv.serve.model"), ("matplotlib",)),
-    "serve": ((), ("numba", "matplotlib")),
-    "testing": (("reference",), ("numba", "matplotlib")),
-    "launches": ((), ("matplotlib",)),
-    "trace": (("reference",), ("numba", "matplotlib")),
-    "viz": (("trace",), ("numba",)),
-    "cli": (tuple(PARTS), ()),
+    "package": (("cli",), TORCH),
+    "shared": ((), ("numba", "matplotlib", *TORCH)),
+    "reference": ((), ("numba", "matplotlib", *TORCH)),
+    "cache": (("kernels",), ("matplotlib", *TORCH)),
+    "kernels": (("numbakv.cache.cuda", "numbakv.cache.device"), ("matplotlib", *TORCH)),
+    "device_model": (("cache", "kernels", "numbakv.serve.model"), ("matplotlib", *TORCH)),
+    "serve": ((), ("numba", "matplotlib", *TORCH)),
+    "testing": (("reference",), ("numba", "matplotlib", *TORCH)),
+    "launches": ((), ("matplotlib", *TORCH)),
+    "trace": (("reference",), ("numba", "matplotlib", *TORCH)),
+    "viz": (("trace",), ("numba", *TORCH)),
+    "cli": (tuple(PARTS), TORCH),
+    "integrations": (("serve",), ("numba", "matplotlib")),
     "benchmarks": (tuple(PARTS), ()),
 }
 CUDA = "numba.cuda"

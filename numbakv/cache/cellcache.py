@@ -5,6 +5,7 @@ and attention.
 
 import numpy as np
 
+from numbakv import tensors
 from numbakv.cache import inputs
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import cuda
@@ -283,6 +284,10 @@ class CellCache(Observable, Inspection, Capture, Saving):
                 float32 one, allocated on the step's stream, whose
                 `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
+        Returned in the caller's kind (`numbakv.tensors`): a torch `out` as itself; for a
+        CUDA torch q and no `out`, a new torch tensor in q's dtype on q's device that the
+        kernel writes (no copy); for a CPU torch q, a CPU torch tensor in q's dtype (the
+        result copied to the host, the stream synchronized); else the numba device array.
         Rows that see no cell (padding) give 0; NaN and inf in what a token sees give what
         the reference gives. Requires `write(layer, ...)` in this step. The launches are
         planned once per step shape (`Plans`) and read the step from the device.
@@ -294,10 +299,13 @@ class CellCache(Observable, Inspection, Capture, Saving):
             raise StepError(
                 f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
             )
+        caller, given = q, out
         q = inputs.floats("q", q, inputs.Q_DTYPES)
         n_heads = check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
         capturing = self._in_capture()
+        if out is None and tensors.is_cuda_tensor(caller) and not capturing:
+            given = out = caller.new_empty(tuple(caller.shape))  # q's dtype, q's device
         out = inputs.output(out, q.shape, step.stream, capturing)
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
         window = self.config.windows[layer]
@@ -317,7 +325,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
             plan, q, pool.k[layer], pool.v[layer], pool.scales[layer], b.step, view,
             np.float32(scale), out, workspace, step.stream,
         )  # fmt: skip
-        return out
+        return inputs.returned(caller, given, out, step.stream)
 
     def _current_step(self) -> Step:
         if self._step is None:

@@ -13,7 +13,7 @@ bfloat16: only an export says a tensor holds bfloat16.
 
 import numpy as np
 
-from numbakv import dlpack
+from numbakv import dlpack, tensors
 from numbakv.cache.cuda import IS_SIMULATOR, cuda, wrap_export
 from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
@@ -144,4 +144,18 @@ def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
         )
     out = floats("out", out, Q_DTYPES)
     check_shape("out", out.shape, shape)
+    return out
+
+
+def returned(caller, given, out, stream):
+    """What `attend` returns (docs/contract.md §5.1): `given` (the caller's `out`, or the
+    torch tensor made for a CUDA torch q) when it is a torch tensor; for a CPU torch q,
+    `out` copied to the host as a torch tensor in q's dtype; else `out` (the numba array or
+    the numba view of another library's export)."""
+    if tensors.is_torch(given):
+        return given
+    if tensors.is_torch(caller):
+        host = out.copy_to_host(stream=stream)
+        stream.synchronize()  # the copy into pageable memory is done before it is read
+        return tensors.host_result(caller, host)
     return out

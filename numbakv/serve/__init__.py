@@ -1,6 +1,8 @@
 """numbakv.serve: a small serving stack over any cell cache, in NumPy and Python (no numba).
 
 model      a Llama-style decoder whose attention runs through `cache.write`/`cache.attend`
+models     what the executor needs of any model (`ServedModel`; `Model` and `DeviceModel`
+           are two, `numbakv.integrations.transformers.TransformersModel` a third)
 tokenizer  the byte tokenizer
 sampling   greedy, temperature, top-k, top-p; one draw per sampled token
 plan       a run of tokens cut into forwards of at most max_width

@@ -59,7 +59,7 @@ from numbakv.observe import locked
 from numbakv.serve.batch import Input, Output, checked_inputs
 from numbakv.serve.faults import Observed, batch_observed, completes
 from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
-from numbakv.serve.model import Model
+from numbakv.serve.models import ServedModel, check_model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
 from numbakv.serve.saved import SavedSessions
@@ -70,7 +70,9 @@ __all__ = ["Executor", "Input", "Output"]
 class Executor(SavedSessions):
     """Runs batches of session inputs through `model` over `cache`.
 
-    model              : a `Model` whose layers, KV heads, head_dim and windows match the cache
+    model              : a `ServedModel` (numbakv's `Model` or `DeviceModel`, a transformers
+                         model wrapped, your own) whose layers, KV heads, head_dim and
+                         windows match the cache
     cache              : an empty cell cache (reference or device); the executor owns it
     max_sessions       : sessions open at once, <= the cache's max_seqs
     max_session_tokens : positions one session may hold, <= max_seq_len; max_sessions x
@@ -92,7 +94,7 @@ class Executor(SavedSessions):
 
     def __init__(
         self,
-        model: Model,
+        model: ServedModel,
         cache,
         max_sessions: int,
         max_session_tokens: int,
@@ -101,8 +103,7 @@ class Executor(SavedSessions):
         graph_width: int | None = None,
         oversubscribe: bool = False,
     ):
-        if not isinstance(model, Model) and not getattr(model, "device_resident", False):
-            raise ConfigError(f"expected a Model or a DeviceModel, got {model!r}")
+        check_model(model)
         config = getattr(cache, "config", None)
         if not isinstance(config, CacheConfig):
             raise ConfigError(f"expected a cell cache (reference or device), got {cache!r}")

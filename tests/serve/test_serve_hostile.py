@@ -247,7 +247,7 @@ def test_session_calls_refuse_what_is_not_a_session(call, error, match):
 @pytest.mark.parametrize(
     "model, cache, match",
     [
-        ("model", None, "expected a Model"),
+        ("model", None, "has no config"),
         (MODEL, object(), "expected a cell cache"),
         (MODEL, "cache", "expected a cell cache"),
     ],

@@ -1,0 +1,213 @@
+"""A Hugging Face transformers causal LM served through numbakv (docs/contract.md §14.2).
+
+    hf = AutoModelForCausalLM.from_pretrained(name)
+    model = TransformersModel(hf)
+    cache = CellCache(cache_config(hf.config, capacity=4096, max_width=256, max_seqs=8))
+    engine = Engine(Executor(model, cache, max_sessions=8, max_session_tokens=512))
+    [done] = engine.generate([prompt_ids], max_new_tokens=32)
+
+`TransformersModel` is a `ServedModel`: one forward runs transformers' own layers (its
+embeddings, norms, rotary embedding at the step's positions, MLPs, LM head) over the step's
+tokens packed into one row, with every attention layer's K/V written into the numbakv cache
+and attended through it (`cache.write`, `cache.attend`: either cache). transformers' own
+cache is off and it builds no mask: which keys a token sees is the cell table's business.
+Attention goes through an attention function registered with transformers'
+`AttentionInterface` as "numbakv"; outside a numbakv forward (the wrapped model's own
+`generate`, say) it is transformers' SDPA with transformers' masks (docs/contract.md §14.2).
+
+Needs torch and transformers (`pip install numbakv[transformers]`), imported only here.
+"""
+
+import contextlib
+import contextvars
+from dataclasses import replace
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from numbakv.checks import token_ids
+from numbakv.errors import ConfigError, StepError
+from numbakv.integrations.hf_config import cache_config, geometry
+from numbakv.serve.model import check_logits_at
+from numbakv.serve.models import ModelShape
+
+__all__ = ["IMPLEMENTATION", "TransformersModel", "cache_config"]
+
+IMPLEMENTATION = "numbakv"  # the attention function's name in transformers' registries
+
+
+class _Forward:
+    """One forward through numbakv: the cache it attends through (None: the probe, which
+    records the window transformers passes each layer and attends to nothing) and the
+    layers attended so far, each once."""
+
+    def __init__(self, cache=None):
+        self.cache, self.windows = cache, {}
+
+    def attention(self, module, query, key, value, kwargs: dict):
+        layer = module.layer_idx
+        if layer in self.windows:
+            raise ConfigError(
+                f"layer {layer}'s attention ({type(module).__name__}) ran twice in one forward; "
+                "numbakv keeps one K and V per layer and step"
+            )
+        if kwargs.get("softcap") is not None:
+            raise ConfigError(f"layer {layer} asks for soft-capping, which numbakv lacks")
+        self.windows[layer] = kwargs.get("sliding_window") or 0
+        if self.cache is None:
+            return torch.zeros_like(query).transpose(1, 2), None
+        self.cache.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1))
+        out = self.cache.attend(layer, query[0].transpose(0, 1), scale=kwargs.get("scaling"))
+        return out[None], None
+
+    def check(self, hf_model, n_layers: int) -> None:
+        """ConfigError unless every layer's attention went through numbakv."""
+        missing = sorted(set(range(n_layers)) - set(self.windows))
+        if missing:
+            raise ConfigError(
+                f"the attention of layers {missing} did not go through numbakv: the model's "
+                f"attention implementation is {hf_model.config._attn_implementation!r}; wrap "
+                "it again, or give a model whose attention transformers' AttentionInterface "
+                "dispatches"
+            )
+
+
+_FORWARD = contextvars.ContextVar("numbakv_forward", default=None)  # the one in progress
+
+
+def _attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' attention call: query [1, n_heads, width, head_dim], key and value
+    [1, n_kv_heads, width, head_dim] (rotary applied) -> ([1, width, n_heads, head_dim],
+    None), through the forward in progress (none: transformers' SDPA)."""
+    forward = _FORWARD.get()
+    if forward is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return forward.attention(module, query, key, value, kwargs)
+
+
+def _mask(*args, **kwargs):
+    """No mask in a numbakv forward (the cells decide); transformers' SDPA mask outside."""
+    return None if _FORWARD.get() is not None else sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(IMPLEMENTATION, _attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _mask)
+
+
+class TransformersModel:
+    """A transformers causal LM (`PreTrainedModel` with an LM head: Llama, Mistral and
+    Ministral with sliding windows, Qwen2, Qwen3, Gemma, Gemma 3, ...) as a numbakv model.
+
+    config   : `ModelShape` (n_layers, n_kv_heads, head_dim, windows, vocab_size): the HF
+               config's, each layer's window as transformers passes it to that layer's
+               attention (one probe forward of one token at wrapping); `config.cache_config`
+               makes the cache that fits (`cache_config(hf.config, ...)` too, where the
+               config says what the layers do)
+    hf_model : the model, put in eval mode, its attention implementation set to "numbakv"
+
+    Refused (ConfigError, the model left as it was) when it is no causal LM, when its config
+    asks for what numbakv does not implement (`hf_config.check_supported`: soft-capping,
+    ALiBi, attention sinks, rotary scaling by the forward's length, non-causal or chunked
+    layers, ...), when an attention layer is not causal, or when the probe finds a layer
+    whose attention does not go through numbakv exactly once.
+    """
+
+    device_resident = False  # its activations are torch's; each forward runs eagerly
+
+    def __init__(self, hf_model):
+        hf_config = getattr(hf_model, "config", None)
+        if not isinstance(hf_model, torch.nn.Module) or hf_config is None:
+            raise ConfigError(f"expected a transformers model, got {type(hf_model).__name__}")
+        if not callable(getattr(hf_model, "get_output_embeddings", None)) or (
+            hf_model.get_output_embeddings() is None
+        ):
+            raise ConfigError(
+                f"{type(hf_model).__name__} has no LM head; wrap a causal LM (AutoModelForCausalLM)"
+            )
+        shape = geometry(hf_config)
+        _check_layers(hf_model, shape.n_layers)
+        self.hf_model = hf_model
+        self._device = next(hf_model.parameters()).device
+        previous, training = hf_config._attn_implementation, hf_model.training
+        try:
+            hf_model.set_attn_implementation(IMPLEMENTATION)
+            hf_model.eval()
+            self.config: ModelShape = replace(shape, windows=self._probe(shape.n_layers))
+        except BaseException as error:
+            hf_model.set_attn_implementation(previous)
+            hf_model.train(training)
+            if isinstance(error, ValueError | ImportError):  # transformers' own refusal
+                raise ConfigError(f"{type(hf_model).__name__}: {error}") from error
+            raise
+
+    def forward(self, cache, step, tokens, logits_at) -> np.ndarray:
+        """[len(logits_at), vocab_size] float32: the logits after the step's tokens
+        `logits_at`, from one forward of the HF model over the step's [step.width] tokens
+        (padded rows at position 0: their K/V go to no cell, their attention is 0)."""
+        tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
+        if tokens.shape != (step.width,):
+            raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
+        logits_at = check_logits_at(logits_at, step.width)
+        positions = np.maximum(step.positions, 0)
+        with _on_stream(self._device, step):
+            logits = self._run(_Forward(cache), self.config.n_layers, tokens, positions, logits_at)
+        return logits.float().cpu().numpy()
+
+    def _probe(self, n_layers: int) -> tuple[int, ...]:
+        """Each layer's window as transformers passes it to the layer's attention, from one
+        forward of one token that attends to nothing."""
+        probe = _Forward()
+        one = np.zeros(1, np.int64)
+        self._run(probe, n_layers, one, one, one)
+        windows = tuple(int(probe.windows[layer]) for layer in range(n_layers))
+        if any(w < 0 for w in windows):
+            raise ConfigError(f"transformers passes the layers sliding windows {windows}")
+        return windows
+
+    def _run(self, forward: _Forward, n_layers: int, tokens, positions, logits_at) -> torch.Tensor:
+        """[len(logits_at), vocab_size] logits of one HF forward of one row through `forward`,
+        every one of the `n_layers` attending once."""
+        as_long = {"dtype": torch.long, "device": self._device}
+        entered = _FORWARD.set(forward)
+        try:
+            with torch.inference_mode():
+                out = self.hf_model(
+                    input_ids=torch.as_tensor(tokens, **as_long)[None],
+                    position_ids=torch.as_tensor(positions, **as_long)[None],
+                    use_cache=False, logits_to_keep=torch.as_tensor(logits_at, **as_long),
+                )  # fmt: skip
+        finally:
+            _FORWARD.reset(entered)
+        forward.check(self.hf_model, n_layers)
+        return out.logits[0]
+
+
+def _check_layers(hf_model, n_layers: int) -> None:
+    """ConfigError unless the model has one causal attention module per layer (transformers'
+    `layer_idx` and `is_causal`), none with attention sinks."""
+    layers = {}
+    for module in hf_model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "is_causal"):
+            layers[module.layer_idx] = module
+    if sorted(layers) != list(range(n_layers)):
+        raise ConfigError(
+            f"{type(hf_model).__name__} has attention modules (transformers' layer_idx and "
+            f"is_causal) for layers {sorted(layers)}, not for each of num_hidden_layers="
+            f"{n_layers}: its attention does not go through transformers' AttentionInterface"
+        )
+    for layer, module in layers.items():
+        if not module.is_causal:
+            raise ConfigError(f"attention layer {layer} is not causal; numbakv serves causal LMs")
+        if getattr(module, "sinks", None) is not None:
+            raise ConfigError(f"attention layer {layer} has attention sinks; numbakv has none")
+
+
+def _on_stream(device: torch.device, step):
+    """A CUDA model's kernels go on the step's stream, in order with the cache's."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    _, handle = step.stream.__cuda_stream__()  # a numba stream: (version, CUstream)
+    return torch.cuda.stream(torch.cuda.ExternalStream(handle, device=device))
