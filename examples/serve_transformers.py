@@ -6,7 +6,7 @@ CUDA simulator without a GPU). Run it with
 
 import transformers
 
-from numbakv import CellCache, Engine, Executor
+from numbakv import ByteTokenizer, CellCache, Engine, Executor
 from numbakv.integrations.transformers import TransformersModel, cache_config
 
 CONFIG = transformers.Qwen3Config(
@@ -17,10 +17,10 @@ CONFIG = transformers.Qwen3Config(
 
 def main() -> list[list[int]]:
     """Serves two prompts; returns each one's generated tokens."""
-    hf = transformers.AutoModelForCausalLM.from_config(CONFIG)
+    hf, tokenizer = transformers.AutoModelForCausalLM.from_config(CONFIG), ByteTokenizer()
     model = TransformersModel(hf)
     cache = CellCache(cache_config(hf.config, capacity=512, max_width=32, max_seqs=4))
-    engine = Engine(Executor(model, cache, max_sessions=4, max_session_tokens=128))
+    engine = Engine(Executor(model, cache, 4, 128), tokenizer=tokenizer)
     done = engine.generate(["Hello", "A cell cache"], max_new_tokens=12)
     return [d.tokens[0] for d in done]
 

@@ -148,12 +148,13 @@ def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
 
 
 def returned(caller, given, out, stream):
-    """What `attend` returns (docs/contract.md §5.1): `given` (the caller's `out`, or the
-    torch tensor made for a CUDA torch q) when it is a torch tensor; for a CPU torch q,
-    `out` copied to the host as a torch tensor in q's dtype; else `out` (the numba array or
-    the numba view of another library's export)."""
-    if tensors.is_torch(given):
-        return given
+    """What `attend` returns (docs/contract.md §5.1), `out` being the device array it wrote:
+    `given` (the caller's `out`, or the torch tensor made for a CUDA torch q) when it is a
+    torch tensor, else `out` when there was one (the numba array or the numba view of
+    another library's export); for a CPU torch q and no `out`, `out` copied to the host as
+    a torch tensor in q's dtype; else `out`."""
+    if given is not None:
+        return given if tensors.is_torch(given) else out
     if tensors.is_torch(caller):
         host = out.copy_to_host(stream=stream)
         stream.synchronize()  # the copy into pageable memory is done before it is read

@@ -154,5 +154,12 @@ def geometry(hf_config) -> ModelShape:
 def cache_config(hf_config, **fields) -> CacheConfig:
     """The `CacheConfig` of a model of `hf_config`: its layers, KV heads, head_dim and
     per-layer windows, with `fields` for the rest (capacity, max_width, max_seqs, dtype,
-    ...). ConfigError for what numbakv does not implement (`check_supported`)."""
-    return geometry(hf_config).cache_config(**fields)
+    ...); `max_seq_len` defaults to the least of the capacity and the model's
+    `max_position_embeddings`. ConfigError for what numbakv does not implement
+    (`check_supported`)."""
+    shape = geometry(hf_config)
+    limit = getattr(text_config(hf_config), "max_position_embeddings", None)
+    capacity = fields.get("capacity")
+    if "max_seq_len" not in fields and isinstance(limit, int) and isinstance(capacity, int):
+        fields["max_seq_len"] = max(1, min(capacity, limit))
+    return shape.cache_config(**fields)

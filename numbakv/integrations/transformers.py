@@ -40,12 +40,12 @@ IMPLEMENTATION = "numbakv"  # the attention function's name in transformers' reg
 
 
 class _Forward:
-    """One forward through numbakv: the cache it attends through (None: the probe, which
-    records the window transformers passes each layer and attends to nothing) and the
-    layers attended so far, each once."""
+    """One forward through numbakv: the cache it attends through (None: a probe, whose
+    attention gives each token its own q) and the layers attended so far, each once, with
+    the window transformers passed each."""
 
     def __init__(self, cache=None):
-        self.cache, self.windows = cache, {}
+        self.cache, self.windows, self.kv_shapes = cache, {}, {}
 
     def attention(self, module, query, key, value, kwargs: dict):
         layer = module.layer_idx
@@ -57,14 +57,16 @@ class _Forward:
         if kwargs.get("softcap") is not None:
             raise ConfigError(f"layer {layer} asks for soft-capping, which numbakv lacks")
         self.windows[layer] = kwargs.get("sliding_window") or 0
+        self.kv_shapes[layer] = (key.shape[1], key.shape[-1])  # (KV heads, head_dim)
         if self.cache is None:
-            return torch.zeros_like(query).transpose(1, 2), None
+            return query.transpose(1, 2), None
         self.cache.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1))
         out = self.cache.attend(layer, query[0].transpose(0, 1), scale=kwargs.get("scaling"))
         return out[None], None
 
-    def check(self, hf_model, n_layers: int) -> None:
-        """ConfigError unless every layer's attention went through numbakv."""
+    def check(self, hf_model, n_layers: int, windows: tuple[int, ...] | None = None) -> None:
+        """ConfigError unless every layer's attention went through numbakv, with `windows`
+        (when given) the windows transformers passed."""
         missing = sorted(set(range(n_layers)) - set(self.windows))
         if missing:
             raise ConfigError(
@@ -72,6 +74,12 @@ class _Forward:
                 f"attention implementation is {hf_model.config._attn_implementation!r}; wrap "
                 "it again, or give a model whose attention transformers' AttentionInterface "
                 "dispatches"
+            )
+        passed = tuple(self.windows[layer] for layer in range(n_layers))
+        if windows is not None and passed != windows:
+            raise ConfigError(
+                f"the layers' attention was called with windows {passed}, not the {windows} "
+                "the model was wrapped with (and its cache made for); wrap it again"
             )
 
 
@@ -129,7 +137,10 @@ class TransformersModel:
             )
         shape = geometry(hf_config)
         _check_layers(hf_model, shape.n_layers)
-        self.hf_model = hf_model
+        devices = sorted({str(p.device) for p in hf_model.parameters()})
+        if len(devices) != 1:
+            raise ConfigError(f"the model's parameters lie on {devices}; give it one device")
+        self.hf_model, self._shape = hf_model, shape
         self._device = next(hf_model.parameters()).device
         previous, training = hf_config._attn_implementation, hf_model.training
         try:
@@ -149,27 +160,59 @@ class TransformersModel:
         (padded rows at position 0: their K/V go to no cell, their attention is 0)."""
         tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
         if tokens.shape != (step.width,):
-            raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
+            raise StepError(
+                f"tokens have shape {tokens.shape}; give [{step.width}] ints (the step's width)"
+            )
         logits_at = check_logits_at(logits_at, step.width)
+        if self.hf_model.training:
+            raise StepError("the model is in training mode (dropout on); call hf_model.eval()")
+        if self._device.type == "cuda" and not hasattr(step, "stream"):
+            raise StepError(
+                f"the model is on {self._device}: serve it over the device cache "
+                "(numbakv.CellCache), whose steps have a stream, or move it to the CPU"
+            )
         positions = np.maximum(step.positions, 0)
+        forward = _Forward(cache)
         with _on_stream(self._device, step):
-            logits = self._run(_Forward(cache), self.config.n_layers, tokens, positions, logits_at)
-        return logits.float().cpu().numpy()
+            logits = self._run(forward, tokens, positions, logits_at).float().cpu()
+        forward.check(self.hf_model, self.config.n_layers, self.config.windows)
+        return logits.numpy()
 
     def _probe(self, n_layers: int) -> tuple[int, ...]:
-        """Each layer's window as transformers passes it to the layer's attention, from one
-        forward of one token that attends to nothing."""
-        probe = _Forward()
-        one = np.zeros(1, np.int64)
-        self._run(probe, n_layers, one, one, one)
-        windows = tuple(int(probe.windows[layer]) for layer in range(n_layers))
+        """Each layer's window as transformers passes it to the layer's attention, from probe
+        forwards (each token's attention its own q) of two tokens at position 0 packed in
+        one row and of each alone: ConfigError unless every layer attends once and the row's
+        tokens come out as alone, i.e. the model mixes tokens only in attention and takes
+        positions from `position_ids`, as a packed step needs."""
+        tokens, zeros = np.array([1, 2]), np.zeros(2, np.int64)
+        probes = [_Forward() for _ in range(3)]
+        packed = self._run(probes[0], tokens, zeros, np.arange(2))
+        alone = [
+            self._run(p, tokens[i : i + 1], zeros[:1], zeros[:1]) for i, p in enumerate(probes[1:])
+        ]
+        for probe in probes:
+            probe.check(self.hf_model, n_layers)
+        alone = torch.cat(alone).float()
+        tolerance = (1e-4 if packed.dtype == torch.float32 else 3e-2) * alone.abs().max().item()
+        if not torch.allclose(packed.float(), alone, rtol=0, atol=tolerance):
+            raise ConfigError(
+                f"{type(self.hf_model).__name__} gives two tokens at position 0 in one row other "
+                "logits than each alone: it mixes tokens outside attention or takes positions "
+                "from their index, so sequences packed in one step would change each other"
+            )
+        for layer, kv_shape in probes[0].kv_shapes.items():
+            if kv_shape != (self._shape.n_kv_heads, self._shape.head_dim):
+                raise ConfigError(
+                    f"layer {layer}'s attention gets K of {kv_shape[0]} heads of {kv_shape[1]}; "
+                    f"the config says {self._shape.n_kv_heads} of {self._shape.head_dim}"
+                )
+        windows = tuple(int(probes[0].windows[layer]) for layer in range(n_layers))
         if any(w < 0 for w in windows):
             raise ConfigError(f"transformers passes the layers sliding windows {windows}")
         return windows
 
-    def _run(self, forward: _Forward, n_layers: int, tokens, positions, logits_at) -> torch.Tensor:
-        """[len(logits_at), vocab_size] logits of one HF forward of one row through `forward`,
-        every one of the `n_layers` attending once."""
+    def _run(self, forward: _Forward, tokens, positions, logits_at) -> torch.Tensor:
+        """[len(logits_at), vocab_size] logits of one HF forward of one row through `forward`."""
         as_long = {"dtype": torch.long, "device": self._device}
         entered = _FORWARD.set(forward)
         try:
@@ -181,16 +224,21 @@ class TransformersModel:
                 )  # fmt: skip
         finally:
             _FORWARD.reset(entered)
-        forward.check(self.hf_model, n_layers)
         return out.logits[0]
 
 
 def _check_layers(hf_model, n_layers: int) -> None:
     """ConfigError unless the model has one causal attention module per layer (transformers'
     `layer_idx` and `is_causal`), none with attention sinks."""
+    decoder = hf_model.get_decoder() if callable(getattr(hf_model, "get_decoder", None)) else None
     layers = {}
-    for module in hf_model.modules():
+    for module in (decoder or hf_model).modules():
         if hasattr(module, "layer_idx") and hasattr(module, "is_causal"):
+            if module.layer_idx in layers:
+                raise ConfigError(
+                    f"two attention modules of layer {module.layer_idx}: numbakv keeps one K "
+                    "and V per layer"
+                )
             layers[module.layer_idx] = module
     if sorted(layers) != list(range(n_layers)):
         raise ConfigError(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.errors import ConfigError
+from numbakv.errors import ConfigError, StepError
 
 MODES = ("auto", "off")
 
@@ -80,7 +80,7 @@ class DecodeGraphs:
         the prepared `step` of `sessions`' `tokens`."""
         if not self.is_graphed(sessions):
             self.eager_forwards += 1
-            return model.forward(cache, step, tokens, logits_at)
+            return _checked(model, model.forward(cache, step, tokens, logits_at), len(logits_at))
         model.stage(cache, step, list(tokens) + [0] * (step.width - len(tokens)), logits_at)
         if self._graph is not None and self._graph.bindings.generation != cache.generation:
             self._graph = None  # the pool grew: this forward runs eagerly, the next captures
@@ -95,3 +95,16 @@ class DecodeGraphs:
             self._warm = cache.generation
             self.eager_forwards += 1
         return model.logits(len(logits_at))
+
+
+def _checked(model, logits, n: int) -> np.ndarray:
+    """A model's logits as [n, vocab_size] floats, or StepError naming the model."""
+    logits = np.asarray(logits)
+    expected = (n, model.config.vocab_size)
+    if logits.shape != expected or logits.dtype.kind != "f":
+        raise StepError(
+            f"{type(model).__name__}.forward returned logits of shape {logits.shape} and dtype "
+            f"{logits.dtype}; a ServedModel returns [len(logits_at)={n}, vocab_size="
+            f"{expected[1]}] floats"
+        )
+    return logits

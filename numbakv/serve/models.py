@@ -11,7 +11,7 @@ A device-resident model (`device_resident = True`) may also be captured into a d
 graph: it then answers `stage`, `run` and `logits` (`CapturedModel`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -73,6 +73,18 @@ class ModelShape:
     head_dim: int
     windows: tuple[int, ...]
     vocab_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "n_kv_heads", "head_dim", "vocab_size"):
+            object.__setattr__(self, name, int_at_least(name, getattr(self, name), 1))
+        if isinstance(self.windows, str) or not isinstance(self.windows, Iterable):
+            raise ConfigError(f"windows must be a tuple of ints (0 = global), got {self.windows!r}")
+        windows = tuple(int_at_least("window", w, 0) for w in self.windows)
+        if len(windows) != self.n_layers:
+            raise ConfigError(
+                f"windows {windows} has {len(windows)} entries, n_layers={self.n_layers}"
+            )
+        object.__setattr__(self, "windows", windows)
 
     def cache_config(self, **fields) -> CacheConfig:
         """A `CacheConfig` with this model's layers, KV heads, head_dim and windows; `fields`

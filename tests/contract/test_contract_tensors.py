@@ -1,4 +1,4 @@
-"""Torch tensors in, torch tensors out (docs/contract.md §5.3), on both caches: `attend`
+"""Torch tensors in, torch tensors out (docs/contract.md §5.1), on both caches: `attend`
 of a torch q returns a torch tensor in q's dtype with the values of the NumPy call (rounded
 by torch to q's float16 or bfloat16); a torch `out=` is written and returned as itself;
 what cannot hold the result is refused with nothing written. The device cache's `out=` is a
@@ -102,3 +102,17 @@ def copied(out) -> np.ndarray | None:
 def read_only(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array
+
+
+def test_a_numba_out_of_the_device_cache_is_returned_for_a_torch_q():
+    """The device cache's `out=` (a device array) is what it returns, whatever q's kind."""
+    from numbakv.cache import CellCache as DeviceCache
+    from numbakv.cache.cuda import cuda
+
+    cache = DeviceCache(small_config())
+    step_with(cache, [cache.seq_new()] * 3)
+    for layer in range(2):
+        cache.write(layer, torch.from_numpy(K), torch.from_numpy(-K))
+    out = cuda.device_array((3, 2, 4), np.float32)
+    assert cache.attend(0, torch.from_numpy(Q), out=out) is out
+    np.testing.assert_array_equal(out.copy_to_host(), as_host(cache.attend(0, Q)))

@@ -107,9 +107,57 @@ def test_two_attentions_in_one_layer_are_refused(monkeypatch):
     with pytest.raises(ConfigError, match="differential attention"):
         TransformersModel(hf)
     monkeypatch.delitem(hf_config_module.REFUSED_TYPES, "diffllama")
+    hf.train()
     with pytest.raises(ConfigError, match=r"layer 0's attention .* ran twice in one forward"):
         TransformersModel(hf)
-    assert hf.config._attn_implementation == "sdpa"
+    assert hf.config._attn_implementation == "sdpa" and hf.training  # left as it was
+
+
+def test_a_model_that_mixes_tokens_outside_attention_is_refused():
+    """Sequences packed in one row must not see each other but through the cells: a model
+    whose final norm mixes the row's tokens is refused by the probe."""
+    hf = hf_model("llama")
+    hf.model.norm.register_forward_hook(lambda module, args, out: out + out.mean(1, keepdim=True))
+    with pytest.raises(ConfigError, match="mixes tokens outside attention"):
+        TransformersModel(hf)
+
+
+def test_a_config_whose_kv_heads_the_model_ignores_is_refused():
+    """CodeGen has no grouped-query attention: a num_key_value_heads in its config (a
+    leftover, or a wrong guess) is not what its layers compute."""
+    torch.manual_seed(0)
+    config = transformers.CodeGenConfig(
+        vocab_size=256, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, num_key_value_heads=2
+    )
+    with pytest.raises(
+        ConfigError, match="layer 0's attention gets K of 4 heads of 8; the config says 2 of 8"
+    ):
+        TransformersModel(transformers.CodeGenForCausalLM(config))
+
+
+def test_a_model_on_two_devices_or_in_training_mode_is_refused():
+    hf = hf_model("llama")
+    hf.lm_head.to("meta")
+    with pytest.raises(ConfigError, match=r"parameters lie on \['cpu', 'meta'\]"):
+        TransformersModel(hf)
+    hf = hf_model("llama")
+    model = TransformersModel(hf)
+    cache = CellCache(cache_config(hf.config, **FIELDS))
+    cache.declare_step([cache.seq_new()])
+    step = cache.prepare_step()
+    hf.train()
+    with pytest.raises(StepError, match="training mode"):
+        model.forward(cache, step, [1], [0])
+
+
+def test_a_window_changed_after_wrapping_is_refused_at_the_next_forward():
+    hf = hf_model("ministral")
+    executor = Executor(TransformersModel(hf), CellCache(cache_config(hf.config, **FIELDS)), 1, 8)
+    hf.model.layers[0].self_attn.sliding_window = 2
+    session = executor.open_session()
+    with pytest.raises(ConfigError, match=r"called with windows \(2, 0, 4\), not the \(4, 0, 4\)"):
+        executor.execute([Input(session, 0, [1, 2, 3])])
+    assert executor.length(session) == 0 and executor.cache.used_cells == 0
 
 
 def test_a_model_whose_attention_bypasses_numbakv_is_refused():

@@ -3,12 +3,14 @@ does not is missing (docs/contract.md §14.1). A model of one's own, here a NumP
 keeps numbakv's `Model` at arm's length, is served exactly as numbakv's own."""
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 import numbakv
-from numbakv.errors import ConfigError
+from numbakv.errors import ConfigError, StepError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep
@@ -73,6 +75,11 @@ class Half:
 GEOMETRY = ModelShape(2, 2, 4, (0, 4), 256)
 
 
+def shape(**fields) -> SimpleNamespace:
+    """A config of GEOMETRY's fields but `fields`, unchecked (ModelShape checks its own)."""
+    return SimpleNamespace(**vars(GEOMETRY) | fields)
+
+
 @pytest.mark.parametrize(
     "model, match",
     [
@@ -80,13 +87,12 @@ GEOMETRY = ModelShape(2, 2, 4, (0, 4), 256)
         (Half(config=MODEL.config.cache_config(capacity=8, max_width=2, max_seqs=1)),
          "config has no vocab_size"),
         (Half(config=GEOMETRY), r"has no forward\(cache, step, tokens, logits_at\)"),
-        (Half(config=ModelShape(2, 2, 4, (0, 4), 0), forward=print),
+        (Half(config=shape(vocab_size=0), forward=print),
          "model.config.vocab_size=0 is below 1"),
-        (Half(config=ModelShape(2, 2, 4, [0, 4], 256), forward=print),
+        (Half(config=shape(windows=[0, 4]), forward=print),
          r"config.windows=\[0, 4\]: give a tuple of ints >= 0"),
-        (Half(config=ModelShape(2, 2, 4, (0.0, 4), 256), forward=print),
-         r"config.windows=\(0.0, 4\)"),
-        (Half(config=ModelShape(2, 2, 4, (-1, 4), 256), forward=print), r"\(-1, 4\)"),
+        (Half(config=shape(windows=(0.0, 4)), forward=print), r"config.windows=\(0.0, 4\)"),
+        (Half(config=shape(windows=(-1, 4)), forward=print), r"\(-1, 4\)"),
         (Half(config=GEOMETRY, forward=print, device_resident=True),
          r"says device_resident=True but has no stage\(\)"),
     ],
@@ -102,3 +108,30 @@ def test_geometry_makes_the_cache_that_fits():
     config = GEOMETRY.cache_config(capacity=8, max_width=2, max_seqs=1, dtype="float16")
     assert (config.n_layers, config.n_kv_heads, config.head_dim) == (2, 2, 4)
     assert config.windows == (0, 4) and config.formats[0] == ("float16", "float16")
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        (dict(n_layers=0), "n_layers=0 is below 1"),
+        (dict(windows="ab"), "windows must be a tuple of ints"),
+        (dict(windows=(0, -1)), "window=-1 is below 0"),
+        (dict(windows=(0,)), "has 1 entries, n_layers=2"),
+    ],
+)
+def test_a_model_shape_checks_its_fields(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ModelShape(**vars(GEOMETRY) | fields)
+    assert ModelShape(2, 2, 4, [0, 4], 256).windows == (0, 4)
+
+
+def test_logits_of_the_wrong_shape_are_refused_and_the_batch_rewound():
+    class Short(OwnModel):
+        def forward(self, cache, step, tokens, logits_at):
+            return super().forward(cache, step, tokens, logits_at)[:, :-1]
+
+    ex = executor(Short(MODEL))
+    session = ex.open_session()
+    with pytest.raises(StepError, match=r"Short.forward returned logits of shape \(1, 255\)"):
+        ex.execute([Input(session, 0, [1, 2, 3])])
+    assert ex.length(session) == 0 and ex.cache.used_cells == 0
