@@ -106,12 +106,13 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _mask)
 
 
 class TransformersModel:
-    """A transformers causal LM (`PreTrainedModel` with an LM head: Llama, Mistral and
-    Ministral with sliding windows, Qwen2, Qwen3, Gemma, Gemma 3, ...) as a numbakv model.
+    """A transformers causal LM (`PreTrainedModel` with an LM head: Llama, Mistral,
+    Ministral, Phi-3 and EXAONE 4 with sliding windows, Qwen2, Qwen3, Gemma, Gemma 3, ...)
+    as a numbakv model.
 
     config   : `ModelShape` (n_layers, n_kv_heads, head_dim, windows, vocab_size): the HF
                config's, each layer's window as transformers passes it to that layer's
-               attention (one probe forward of one token at wrapping); `config.cache_config`
+               attention (in the probe forwards at wrapping, `_probe`); `config.cache_config`
                makes the cache that fits (`cache_config(hf.config, ...)` too, where the
                config says what the layers do)
     hf_model : the model, put in eval mode, its attention implementation set to "numbakv"
@@ -119,8 +120,10 @@ class TransformersModel:
     Refused (ConfigError, the model left as it was) when it is no causal LM, when its config
     asks for what numbakv does not implement (`hf_config.check_supported`: soft-capping,
     ALiBi, attention sinks, rotary scaling by the forward's length, non-causal or chunked
-    layers, ...), when an attention layer is not causal, or when the probe finds a layer
-    whose attention does not go through numbakv exactly once.
+    layers, ...), when an attention layer is not causal, when its parameters lie on more
+    than one device, or when the probe finds a layer whose attention does not go through
+    numbakv exactly once with the config's K shape, or tokens of one row that change each
+    other outside attention.
     """
 
     device_resident = False  # its activations are torch's; each forward runs eagerly
