@@ -22,6 +22,14 @@ from numbakv.cli import main as cli_main
 KINDS = ("cells", "mask", "timeline", "metrics", "locality", "movie", "all")
 
 
+def draw(trace: str, kind: str, folder: str) -> float:
+    """Seconds of `numbakv viz TRACE --kind KIND` (load, draw, save) into `folder`."""
+    started = time.perf_counter()
+    out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
+    cli_main(["viz", trace, "--kind", kind, "-o", str(out)])
+    return time.perf_counter() - started
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", help="a .npz trace (benchmarks.recording large --save)")
@@ -30,10 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     total = 0.0
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.kind or KINDS:
-            started = time.perf_counter()
-            out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
-            cli_main(["viz", args.trace, "--kind", kind, "-o", str(out)])
-            seconds = time.perf_counter() - started
+            seconds = draw(args.trace, kind, folder)
             total += seconds
             print(f"{kind:>9}: {seconds:6.2f} s (load, draw, save)", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

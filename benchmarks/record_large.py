@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import cells_label, print_machine, print_table
-from benchmarks.plots import KINDS
+from benchmarks.plots import KINDS, draw
 
 SCALES = {  # cells, steps, width, sequences
     "quick": dict(cells=8192, steps=200, width=256, seqs=16),  # the workload prefills 256 a step
@@ -78,12 +78,8 @@ def load(path: str) -> dict:
 
 
 def plot(path: str, kind: str, folder: str) -> dict:
-    from numbakv.cli import main as cli_main
-
-    out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
-    start = time.perf_counter()
-    cli_main(["viz", path, "--kind", kind, "-o", str(out)])
-    return {"plot_s": time.perf_counter() - start, "peak_mib": peak_mib()}
+    seconds = draw(path, kind, folder)
+    return {"plot_s": seconds, "peak_mib": peak_mib()}
 
 
 def phase(*args: str) -> dict:

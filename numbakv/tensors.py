@@ -3,8 +3,8 @@
 
 Both caches take torch tensors as they take NumPy arrays (`checks.host_floats`, the device
 cache's `inputs`); when `attend`'s q is a torch tensor, its result is one too, in q's dtype
-and on q's device. torch is never imported here: a torch tensor's own module gives
-`from_dlpack`, so numbakv needs torch only where its caller has it.
+and on q's device. torch is never imported here: a caller who passes a torch tensor has
+imported it (`sys.modules`), so numbakv needs torch only where its caller has it.
 """
 
 import sys

@@ -23,14 +23,14 @@ from numbakv._deprecated import renamed_keyword
 from numbakv.cache import CellCache
 from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.launch import launch, launch_dims
-from numbakv.checks import as_int, check_geometry, token_ids
+from numbakv.checks import as_int, check_geometry
 from numbakv.config import CacheConfig
 from numbakv.device_model import kernels
 from numbakv.device_model.kernels import LIVE, LOGITS_AT, TOKENS
 from numbakv.device_model.tiles import tile_grid
 from numbakv.device_model.weights import DeviceWeights, upload
 from numbakv.errors import ConfigError, StepError
-from numbakv.serve.model import Model, check_logits_at
+from numbakv.serve.model import Model, check_forward
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,7 @@ class DeviceModel:
         the previous copy from it has finished."""
         self._check_cache(cache)
         width, stream = step.width, step.stream
-        tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
-        if tokens.shape != (width,):
-            raise StepError(f"tokens must be [{width}] ints (the step's width), got {tokens}")
-        at = check_logits_at(logits_at, width)
+        tokens, at = check_forward(tokens, logits_at, width, self.config.vocab_size)
         if len(at) > self.cache_config.max_width:
             raise StepError(
                 f"logits_at asks for {len(at)} logits; a DeviceModel returns at most "

@@ -28,10 +28,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from numbakv.checks import token_ids
 from numbakv.errors import ConfigError, StepError
 from numbakv.integrations.hf_config import cache_config, geometry
-from numbakv.serve.model import check_logits_at
+from numbakv.serve.model import check_forward
 from numbakv.serve.models import ModelShape
 
 __all__ = ["IMPLEMENTATION", "TransformersModel", "cache_config"]
@@ -161,12 +160,7 @@ class TransformersModel:
         """[len(logits_at), vocab_size] float32: the logits after the step's tokens
         `logits_at`, from one forward of the HF model over the step's [step.width] tokens
         (padded rows at position 0: their K/V go to no cell, their attention is 0)."""
-        tokens = np.asarray(token_ids("tokens", tokens, self.config.vocab_size, StepError))
-        if tokens.shape != (step.width,):
-            raise StepError(
-                f"tokens have shape {tokens.shape}; give [{step.width}] ints (the step's width)"
-            )
-        logits_at = check_logits_at(logits_at, step.width)
+        tokens, logits_at = check_forward(tokens, logits_at, step.width, self.config.vocab_size)
         if self.hf_model.training:
             raise StepError("the model is in training mode (dropout on); call hf_model.eval()")
         if self._device.type == "cuda" and not hasattr(step, "stream"):

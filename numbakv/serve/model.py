@@ -166,10 +166,7 @@ class Model:
         logits_at : int indices into [0, step.width): the tokens whose logits come back
         """
         cfg, w = self.config, self.weights
-        tokens = np.asarray(token_ids("tokens", tokens, cfg.vocab_size, StepError))
-        if tokens.shape != (step.width,):
-            raise StepError(f"tokens must be [{step.width}] ints (the step's width), got {tokens}")
-        logits_at = check_logits_at(logits_at, step.width)
+        tokens, logits_at = check_forward(tokens, logits_at, step.width, cfg.vocab_size)
         cos, sin = self._rotary(np.maximum(step.positions, 0))
         x = w["embed"][tokens]  # [width, d_model]
         for layer in range(cfg.n_layers):
@@ -210,6 +207,15 @@ def _weight(name: str, value, shape: tuple[int, ...]) -> np.ndarray:
     if not np.isfinite(array).all():
         raise ConfigError(f"weight {name} holds NaN or inf (as float32); give finite weights")
     return array
+
+
+def check_forward(tokens, logits_at, width: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A forward's arguments checked: `tokens` as [width] ids in [0, vocab_size) and
+    `logits_at` as int64 indices into [0, width) (`check_logits_at`), or StepError."""
+    tokens = np.asarray(token_ids("tokens", tokens, vocab_size, StepError))
+    if tokens.shape != (width,):
+        raise StepError(f"tokens must be [{width}] ints (the step's width), got {tokens}")
+    return tokens, check_logits_at(logits_at, width)
 
 
 def check_logits_at(logits_at, width: int) -> np.ndarray:
