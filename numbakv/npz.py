@@ -34,6 +34,7 @@ T = TypeVar("T")
 METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
 MAX_DEFLATE_RATIO = 1032  # deflate expands a stream by at most this factor
 NPY_VERSIONS = {(1, 0): read_array_header_1_0, (2, 0): read_array_header_2_0}
+CHUNK = 1 << 20  # bytes read from a member at a time
 # what a damaged zip raises from zipfile and zlib (reading it or its members)
 ZIP_ERRORS = (
     zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError,
@@ -185,8 +186,12 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, want) -> np.nd
     """The array in member `info`, of `want` ((dtype, shape), or None: a 0-d str)."""
     with archive.open(info) as member:
         shape, fortran_order, dtype, n_bytes = _header(member, info, want)
-        data = bytearray(member.read(n_bytes))
-        if len(data) != n_bytes or member.read(1):  # reading to the end checks the CRC
+        data = np.empty(n_bytes, dtype=np.uint8)
+        view, n_read = memoryview(data), 0
+        # in chunks of 1 MiB: a zip member's readinto reads a bytes object of the chunk first
+        while n_read < n_bytes and (got := member.readinto(view[n_read : n_read + CHUNK])):
+            n_read += got
+        if n_read != n_bytes or member.read(1):  # reading to the end checks the CRC
             raise Refused(f"member {info.filename} ends early")
     flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape))
     return flat.reshape(shape[::-1]).T if fortran_order else flat.reshape(shape)

@@ -6,6 +6,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
+
+from numbakv.checks import short_repr
 from numbakv.errors import ConfigError, ObserverError
 
 # observer(cache, event, step): event is the verb's name; step is the new Step after
@@ -38,6 +41,7 @@ class Observable:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._observers: list[Observer] = []
+        self._touched = _NONE
 
     @property
     def lock(self) -> threading.RLock:
@@ -58,15 +62,27 @@ class Observable:
             raise ConfigError(f"observer {observer!r} is not registered; add_observer() it first")
         self._observers.remove(observer)
 
+    def touched_cells(self) -> np.ndarray:
+        """[n] int32: the cells whose position or owners the verb the observers are hearing
+        of may have changed, as the cell table says (repeats allowed; no other cell changed).
+        Valid during an observer's call; empty otherwise. A `Recorder` reads only these."""
+        return self._touched
+
     def _notify(self, event: str, step=None, result=None):
         """Tells every observer; returns `result`. Called last, once the verb is complete:
-        when observers raise, all still run, then ObserverError(from the first) is raised."""
-        failed = []
-        for observer in list(self._observers):
-            try:
-                observer(self, event, step)
-            except Exception as error:
-                failed.append((observer, error))
+        when observers raise, all still run, then ObserverError(from the first) is raised.
+        The cells the table says the verb touched (`self._table.take_touched()`) are
+        `touched_cells()` meanwhile."""
+        failed, outer = [], self._touched  # an observer's own verb nests a notification
+        self._touched = self._table.take_touched()
+        try:
+            for observer in list(self._observers):
+                try:
+                    observer(self, event, step)
+                except Exception as error:
+                    failed.append((observer, error))
+        finally:
+            self._touched = outer
         if failed:
             observer, error = failed[0]
             raise ObserverError(
@@ -77,3 +93,17 @@ class Observable:
                 step if result is None else result,
             ) from error
         return result
+
+
+_NONE = np.zeros(0, dtype=np.int32)
+_NONE.flags.writeable = False
+
+
+def check_cells(cells, capacity: int) -> np.ndarray:
+    """`cells` as [n] int64; ConfigError naming the first that is no cell of [0, capacity)."""
+    array = np.asarray(cells)
+    if array.ndim != 1 or (array.dtype.kind not in "iu" and array.size):
+        raise ConfigError(f"cells are a 1-d array of ints; got {short_repr(cells)}")
+    if (bad := np.flatnonzero((array < 0) | (array >= capacity))).size:
+        raise ConfigError(f"cell {array[bad[0]]} is outside [0, capacity={capacity})")
+    return array.astype(np.int64)

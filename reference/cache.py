@@ -15,7 +15,7 @@ from numbakv.checks import (
 )
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError, ConfigError, StepError
-from numbakv.observe import Observable, locked
+from numbakv.observe import Observable, check_cells, locked
 from numbakv.snapshot import Snapshot
 from numbakv.state.seq_state import SeqState, check_onto, check_room, check_start, load_plan
 
@@ -316,6 +316,14 @@ class CellCache(Observable):
     def snapshot(self) -> Snapshot:
         """A host copy of the cell table, cells [0, read_len)."""
         return self._table.snapshot(self._pool.rows)
+
+    @locked
+    def cells_state(self, cells) -> tuple[np.ndarray, np.ndarray]:
+        """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
+        capacity); ConfigError otherwise), copies: what a `Recorder` reads of the cells a
+        verb touched (`touched_cells`)."""
+        cells = check_cells(cells, self.config.capacity)
+        return self._table.pos[cells], self._table.owners[cells]
 
     @locked
     def check_invariants(self) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from numbakv.snapshot import FREE, Snapshot, owner_codes
 from numbakv.trace import Trace
-from numbakv.trace.scan import change_codes, change_frames, id_words, last_of
+from numbakv.trace.scan import TableReplay, change_frames, id_words
 
 CACHED = -4  # the code (and pixel label) of a cell every owner of which is a holder
 REBINDING = ("admit", "fork", "hit", "resume", "insert")  # insert: with held=False only
@@ -66,23 +66,25 @@ def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:
     a = trace.arrays
     if not holders.any():
         keys = ("events", "delta_offsets", "delta_cells")
-        return {**{key: a[key] for key in keys}, "codes": change_codes(a)}
-    flips = np.flatnonzero((holders[1:] != holders[:-1]).any(axis=1)) + 1
-    words, frames = id_words(holders), change_frames(a)
-    codes = visible_codes(a["delta_owners"], words[frames])
-    offsets, cells = a["delta_offsets"], a["delta_cells"]
-    owners = np.zeros((int(a["read_len"].max(initial=0)), words.shape[1]), dtype=np.uint64)
-    done, extra = 0, []  # (frames, cells, codes) of cells only the holding changed
-    for f in flips.tolist():
-        _assign(owners, cells[done : offsets[f + 1]], a["delta_owners"][done : offsets[f + 1]])
-        done = offsets[f + 1]
-        touched = np.flatnonzero((owners & (words[f] ^ words[f - 1])).any(axis=1))
-        touched = np.setdiff1d(touched, cells[offsets[f] : offsets[f + 1]])  # coded already
-        now = visible_codes(owners[touched], words[f])
-        moved = now != visible_codes(owners[touched], words[f - 1])
-        extra.append((np.full(int(moved.sum()), f), touched[moved], now[moved]))
-    frames = np.concatenate([frames, *[e[0] for e in extra]])
-    all_cells = np.concatenate([cells, *[e[1] for e in extra]]).astype(np.int32)
+        return {**{key: a[key] for key in keys}, "codes": a["delta_codes"]}
+    flips = np.zeros(trace.n_frames, dtype=bool)
+    flips[1:] = (holders[1:] != holders[:-1]).any(axis=1)
+    words, offsets = id_words(holders), a["delta_offsets"]
+    replay = TableReplay(a, int(a["read_len"].max(initial=0)), words.shape[1])
+    codes = np.empty(len(a["delta_cells"]), dtype=np.int32)
+    extra = []  # (frames, cells, codes) of cells only the holding changed
+    for f in range(trace.n_frames):
+        cells = replay.apply(f)
+        codes[offsets[f] : offsets[f + 1]] = visible_codes(replay.owners[cells], words[f])
+        if flips[f]:
+            owners = replay.owners
+            touched = np.flatnonzero((owners & (words[f] ^ words[f - 1])).any(axis=1))
+            touched = np.setdiff1d(touched, cells)  # coded already
+            now = visible_codes(owners[touched], words[f])
+            moved = now != visible_codes(owners[touched], words[f - 1])
+            extra.append((np.full(int(moved.sum()), f), touched[moved], now[moved]))
+    frames = np.concatenate([change_frames(a), *[e[0] for e in extra]])
+    all_cells = np.concatenate([a["delta_cells"], *[e[1] for e in extra]]).astype(np.int32)
     codes = np.concatenate([codes, *[e[2] for e in extra]]).astype(np.int32)
     order = np.lexsort((all_cells, frames))
     counts = np.bincount(frames, minlength=trace.n_frames)
@@ -92,12 +94,6 @@ def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:
         "delta_cells": all_cells[order],
         "codes": codes[order],
     }
-
-
-def _assign(owners: np.ndarray, cells: np.ndarray, new: np.ndarray) -> None:
-    """owners[cells] = new, a cell changed more than once taking its last change."""
-    last = last_of(cells)
-    owners[cells[last]] = new[last]
 
 
 def _is_id(value: object) -> bool:

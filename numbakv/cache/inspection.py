@@ -9,7 +9,7 @@ from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
 from numbakv.checks import check_layer
 from numbakv.formats import ARRAY_DTYPES
-from numbakv.observe import locked
+from numbakv.observe import check_cells, locked
 
 
 class Inspection:
@@ -29,6 +29,13 @@ class Inspection:
     @property
     def capacity(self) -> int:
         return self.config.capacity
+
+    @locked
+    def cells_state(self, cells) -> tuple[np.ndarray, np.ndarray]:
+        """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
+        capacity); ConfigError otherwise) in the host table, copies (the device is not read):
+        what a `Recorder` reads of the cells a verb touched (`touched_cells`)."""
+        return self._table.cells_state(check_cells(cells, self.config.capacity))
 
     @property
     @locked

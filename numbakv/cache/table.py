@@ -78,6 +78,7 @@ class HostTable:
         self._trees = np.stack([bits, bits])
         self._id_bits, self._id_offs = new_tree(max_seqs)  # 1 = free id
         self._meta = np.zeros(4, dtype=np.int64)  # READ_LEN, USED, the arena's TOP, GARBAGE
+        self._touched: list[np.ndarray] = []  # cells the verbs touched since take_touched
         self._segments = Segments(max_seqs, self._meta[ARENA:])
         # what the njit verbs take, in their order (the arrays are filled, never replaced)
         self._arrays = self._pos, self._owners, self._n_owners, self._trees, self._offs, self._meta
@@ -124,6 +125,18 @@ class HostTable:
         """[pos(seq)] int32, a copy: `seq`'s cells in position order. `seq` is not checked."""
         return self._segments.cells(seq)
 
+    def cells_state(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
+        capacity)), copies."""
+        return self._pos[cells], self._owners[cells]
+
+    def take_touched(self) -> np.ndarray:
+        """[n] int32: every cell a verb or placement touched since the last call (repeats
+        allowed); O(cells touched)."""
+        touched = np.concatenate([np.zeros(0, np.int32), *self._touched]).astype(np.int32)
+        self._touched = []
+        return touched
+
     def snapshot(self, rows: int) -> Snapshot:
         """A host copy of cells [0, read_len) and the live ids; O(read_len)."""
         read_len = self.read_len
@@ -159,6 +172,7 @@ class HostTable:
         shared = self._segments.open_prefix(seq, src, upto)
         _share(shared, seq, self._owners, self._n_owners)
         self._take_id(seq)
+        self._touched.append(shared)
         return seq, shared
 
     def seq_rm(self, seq) -> np.ndarray:
@@ -170,6 +184,7 @@ class HostTable:
         seq = self.check_live(seq)
         held = self.cells_of(seq)
         self._release(held, seq)
+        self._touched.append(held)
         self._segments.close(seq)
         self._live[seq] = False
         tree_set(self._id_bits, self._id_offs, seq)
@@ -185,11 +200,13 @@ class HostTable:
         position = check_position("position", position, self.length(seq), seq)
         dropped = self._segments.cells(seq, position)
         self._release(dropped, seq)
+        self._touched.append(dropped)
         self._segments.truncate(seq, position)
         return dropped
 
     def clear(self) -> None:
         """Every cell free, every id released; O(capacity)."""
+        self._touched.append(np.arange(self.read_len, dtype=np.int32))
         self._pos.fill(-1)
         self._owners.fill(0)
         self._n_owners.fill(0)
@@ -223,6 +240,7 @@ class HostTable:
         segments = self._segments
         segments.reserve(seq_ids)
         place.claim(cells, positions, seq_ids, *self._arrays, segments.arena, segments.seg)
+        self._touched.append(np.array(cells, dtype=np.int32))
         return positions
 
     def place(self, seq_ids: np.ndarray, rows: np.ndarray) -> None:
@@ -244,6 +262,8 @@ class HostTable:
             if short <= 0:
                 break
             segments._compact(short)  # a new arena: the kernel runs again with it
+        if short == 0:
+            self._touched.append(rows[0, : len(seq_ids)].copy())
         if short < 0:
             n = len(seq_ids)
             if n > self.free_cells:

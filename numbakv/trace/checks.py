@@ -1,8 +1,9 @@
 """The invariants a trace's arrays must hold, so that every accessor of a `Trace` that
 loaded (replay, `step(f).mask(w)`, metrics, timeline) works (numba-free).
 
-They are the cell table's (docs/contract.md §2) read off the recorded changes: vectorized over the
-changes and the frames, never replaying the table frame by frame. Annotations (events a
+They are the cell table's (docs/contract.md §2) read off the recorded changes: ranges
+vectorized over the changes, the rest in one replay of the table that checks each frame's
+changes against the table before them. Annotations (events a
 caller attached to the trace, `Recorder.annotate`) are held to their own rules:
 `annotation_problem` for one, `annotation_records` for a trace's list of them.
 """
@@ -14,8 +15,9 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
+from numbakv.snapshot import FREE, SHARED
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
-from numbakv.trace.scan import change_frames, id_words
+from numbakv.trace.scan import TableReplay, owner_bits
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
@@ -26,21 +28,23 @@ def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
       frame 0, and only it, is "start";
     - read_len <= rows <= capacity, and rows never shrink;
     - each frame's changes are distinct cells of [0, capacity), ascending, each a real
-      change (a cell's first change occupies it); a cell is free (pos -1) exactly when it
-      has no owner; positions < max_seq_len; owners are ids < max_seqs, live for as long as
-      they own the cell;
+      change; a cell is free (pos -1, code FREE) exactly when it has no owner; positions <
+      max_seq_len; codes are ids < max_seqs, FREE or SHARED; only a change to a shared
+      cell has toggles, each gaining an id the cell lacks or losing one it has, ids
+      ascending, leaving it several owners; owners are live for as long as they own a cell;
     - read_len is the trimmed extent: every occupied cell lies below it, the one just below
       is occupied;
     - only step frames have step rows, 1 to max_width of them: real rows, then padding (all
       -1); a real row is a live sequence's token in a cell below read_len that no other row
       of the step uses, and that cell holds the token's position and that sequence alone.
+
+    The arrays are read in place: one replay of the table, frame by frame, O(changes +
+    frames * max_seqs) time and O(cells * words) memory.
     """
     _check_layout(config, a)
-    history = _History(a)
-    _check_changes(config, a, history)
-    _check_extent(a, history)
-    _check_owners_live(a, history)
-    _check_steps(config, a, history)
+    _check_values(config, a)
+    _check_rows(config, a)
+    _Replay(config, a).run()
 
 
 def _first(bad: np.ndarray) -> int | None:
@@ -70,14 +74,13 @@ def _check_layout(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
             raise TraceError(f"trace array {name!r} has {len(a[name])} frames, events {n_frames}")
     if a["live"].shape[1] != config.max_seqs:
         raise TraceError(f"trace live has {a['live'].shape[1]} ids; max_seqs={config.max_seqs}")
-    if a["delta_owners"].shape[1] != config.n_owner_words:
-        raise TraceError(
-            f"trace owners have {a['delta_owners'].shape[1]} words; max_seqs={config.max_seqs} "
-            f"needs {config.n_owner_words}"
-        )
-    columns = {"delta": ("cells", "pos", "owners"), "step": ("cells", "positions", "seq_ids")}
+    columns = {
+        "delta": ("cells", "pos", "codes"),
+        "toggle": ("counts",),  # delta_offsets cover toggle_counts too
+        "step": ("cells", "positions", "seq_ids"),
+    }
     for prefix, names in columns.items():
-        offsets = a[f"{prefix}_offsets"]
+        offsets = a[f"{'delta' if prefix == 'toggle' else prefix}_offsets"]
         lengths = {len(a[f"{prefix}_{name}"]) for name in names}
         if (
             len(offsets) != n_frames + 1
@@ -86,6 +89,12 @@ def _check_layout(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
             or lengths != {offsets[-1]}
         ):
             raise TraceError(f"trace {prefix} offsets do not cover its {prefix} arrays")
+    counts = a["toggle_counts"]
+    if (counts < 0).any() or counts.sum(dtype=np.int64) != len(a["toggle_seqs"]):
+        raise TraceError(
+            f"trace toggle_counts are negative or add up to other than its "
+            f"{len(a['toggle_seqs'])} toggle_seqs"
+        )
     read_len, rows, capacity = a["read_len"], a["rows"], config.capacity
     if (f := _first((read_len < 0) | (read_len > capacity))) is not None:
         raise TraceError(f"frame {f}'s read_len {read_len[f]} is outside [0, {capacity=}]")
@@ -97,120 +106,168 @@ def _check_layout(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
         raise TraceError(f"the pool shrinks at frame {f + 1}, from {rows[f]} to {rows[f + 1]} rows")
 
 
-class _History:
-    """The changes sorted by (cell, frame); change i holds for frames [start[i], end[i])."""
-
-    def __init__(self, a: dict[str, np.ndarray]):
-        self.n_frames = len(a["events"])
-        self.frame = change_frames(a)  # unsorted
-        order = np.lexsort((self.frame, a["delta_cells"]))
-        self.cells, self.start = a["delta_cells"][order], self.frame[order]
-        self.pos, self.owners = a["delta_pos"][order], a["delta_owners"][order]
-        same = self.cells[1:] == self.cells[:-1]  # change i + 1 is the next of change i's cell
-        self.is_first = np.concatenate([[True], ~same])[: len(self.cells)]
-        self.end = np.where(np.append(same, False), np.append(self.start[1:], 0), self.n_frames)
-        self.keys = self.cells.astype(np.int64) * self.n_frames + self.start
-
-    def state(self, cells: np.ndarray, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """([n] int32 pos, [n, n_owner_words] uint64 owners) of each of `cells` right after
-        its frame of `frames` ([n] each): its last change by then (free before any)."""
-        j = np.searchsorted(self.keys, cells.astype(np.int64) * self.n_frames + frames, "right")
-        j -= 1
-        if len(self.cells):
-            j[self.cells[np.maximum(j, 0)] != cells] = -1
-        pos = np.append(self.pos, np.int32(-1))  # index -1: a free cell
-        owners = np.vstack([self.owners, np.zeros((1, self.owners.shape[1]), np.uint64)])
-        return pos[j], owners[j]
+def _frame_of(a: dict[str, np.ndarray], change: int) -> int:
+    """The frame change `change` belongs to."""
+    return int(np.searchsorted(a["delta_offsets"], change, side="right")) - 1
 
 
-def _check_changes(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
-    cells, pos, owners, frame = a["delta_cells"], a["delta_pos"], a["delta_owners"], h.frame
+def _check_values(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+    """Each change's cell, position and code, and each toggle's id, in range."""
+    cells, pos, codes = a["delta_cells"], a["delta_pos"], a["delta_codes"]
     if (i := _first((cells < 0) | (cells >= config.capacity))) is not None:
         raise TraceError(
-            f"frame {frame[i]} changes cell {cells[i]}, outside [0, capacity={config.capacity})"
+            f"frame {_frame_of(a, i)} changes cell {cells[i]}, outside "
+            f"[0, capacity={config.capacity})"
         )
-    if (i := _first((frame[1:] == frame[:-1]) & (cells[1:] <= cells[:-1]))) is not None:
-        raise TraceError(f"frame {frame[i]} lists cell {cells[i + 1]} out of order or twice")
     if (i := _first((pos < -1) | (pos >= config.max_seq_len))) is not None:
         raise TraceError(
-            f"frame {frame[i]} gives cell {cells[i]} position {pos[i]}, outside "
+            f"frame {_frame_of(a, i)} gives cell {cells[i]} position {pos[i]}, outside "
             f"[-1, max_seq_len={config.max_seq_len})"
         )
-    if (i := _first((pos == -1) == owners.any(axis=1))) is not None:
+    if (i := _first((codes < SHARED) | (codes >= config.max_seqs))) is not None:
         raise TraceError(
-            f"frame {frame[i]} gives cell {cells[i]} position {pos[i]} and "
+            f"frame {_frame_of(a, i)} gives cell {cells[i]} owner code {codes[i]}: an owner "
+            f"id past max_seqs={config.max_seqs} or no code (an id, FREE -1 or SHARED -2)"
+        )
+    if (i := _first((pos == -1) != (codes == FREE))) is not None:
+        raise TraceError(
+            f"frame {_frame_of(a, i)} gives cell {cells[i]} position {pos[i]} and "
             f"{'no' if pos[i] >= 0 else 'some'} owners; a cell is free exactly when unowned"
         )
-    if config.max_seqs % 64:
-        past = owners[:, -1] >> np.uint64(config.max_seqs % 64) != 0
-        if (i := _first(past)) is not None:
-            raise TraceError(
-                f"frame {frame[i]} gives cell {cells[i]} an owner id past "
-                f"max_seqs={config.max_seqs}"
+    if (i := _first((a["toggle_counts"] > 0) & (codes != SHARED))) is not None:
+        raise TraceError(
+            f"frame {_frame_of(a, i)} changes cell {cells[i]} to code {codes[i]} with toggles; "
+            f"only a change to a shared cell (code {SHARED}) has toggles"
+        )
+    seqs = a["toggle_seqs"]
+    if (
+        t := _first((seqs >= config.max_seqs) | (seqs < ~np.int32(config.max_seqs - 1)))
+    ) is not None:
+        i = int(np.searchsorted(np.cumsum(a["toggle_counts"], dtype=np.int64), t, "right"))
+        raise TraceError(
+            f"frame {_frame_of(a, i)} flips cell {cells[i]}'s owner "
+            f"{seqs[t] if seqs[t] >= 0 else ~seqs[t]}: an owner id past max_seqs={config.max_seqs}"
+        )
+
+
+class _Replay:
+    """The table replayed frame by frame, each frame's changes checked against the table
+    before them (`scan.TableReplay`), with each id's owned cells counted."""
+
+    def __init__(self, config: CacheConfig, a: dict[str, np.ndarray]):
+        self.config, self.a = config, a
+        self.table = TableReplay(a, int(a["read_len"].max(initial=0)) + 1, config.n_owner_words)
+        self.codes = np.full(len(self.table.pos), FREE, dtype=np.int32)
+        self.owned = np.zeros(config.max_seqs, dtype=np.int64)  # cells each id owns
+        self.steps = a["step_offsets"]
+
+    def run(self) -> None:
+        n_cells = len(self.table.pos) - 1
+        for f in range(len(self.a["events"])):
+            cells = self.table.changes(f)[0]
+            if len(cells) and cells[-1] >= n_cells:  # past every read_len: never in bounds
+                raise TraceError(
+                    f"cell {cells[-1]} is occupied from frame {f} while read_len drops to "
+                    f"{self.a['read_len'][f]}; every occupied cell lies below read_len"
+                )
+            self._check_frame(f)
+            self._check_extent(f)
+            if self.steps[f + 1] > self.steps[f]:
+                self._check_step(f)
+
+    def _check_frame(self, f: int) -> None:
+        table, codes, a = self.table, self.codes, self.a
+        cells, pos, new = table.changes(f)
+        if (i := _first(cells[1:] <= cells[:-1])) is not None:
+            raise TraceError(f"frame {f} lists cell {cells[i + 1]} out of order or twice")
+        rows, words, bits, gained = table.toggles(f)
+        old = codes[cells]
+        if (
+            i := _first(
+                np.diff(rows * self.config.max_seqs + words * 64 + np.log2(bits.astype(np.float64)))
+                <= 0
             )
-    if (i := _first(h.is_first & (h.pos < 0))) is not None:
-        raise TraceError(f"frame {h.start[i]} frees cell {h.cells[i]}, which was never occupied")
-    again = ~h.is_first[1:] & (h.pos[1:] == h.pos[:-1]) & (h.owners[1:] == h.owners[:-1]).all(1)
-    if (i := _first(again)) is not None:
-        raise TraceError(
-            f"frame {h.start[i + 1]} records cell {h.cells[i + 1]} changing to the state it had"
-        )
-
-
-def _check_extent(a: dict[str, np.ndarray], h: _History) -> None:
-    """read_len is the trimmed extent: each occupied cell lies below it for as long as it is
-    occupied, and the cell just below it is occupied."""
-    read_len = a["read_len"]
-    occupied = np.flatnonzero(h.pos >= 0)
-    if len(occupied):  # the lowest read_len over each occupied stretch [start, end)
-        bounds = np.stack([h.start[occupied], h.end[occupied]], axis=1).ravel()
-        lowest = np.minimum.reduceat(np.append(read_len, 0), bounds)[::2]
-        if (i := _first(lowest <= h.cells[occupied])) is not None:
+        ) is not None:
             raise TraceError(
-                f"cell {h.cells[occupied[i]]} is occupied from frame {h.start[occupied[i]]} "
-                f"while read_len drops to {lowest[i]}; every occupied cell lies below read_len"
+                f"frame {f} flips an owner of cell {cells[rows[i + 1]]} out of order or twice"
             )
-    frames = np.flatnonzero(read_len > 0)
-    below, _ = h.state(read_len[frames] - 1, frames)
-    if (i := _first(below < 0)) is not None:
-        f = frames[i]
-        raise TraceError(
-            f"frame {f}'s read_len {read_len[f]} is not trimmed: cell {read_len[f] - 1} is free"
+        had = (table.owners[cells[rows], words] & bits) != 0
+        if (t := _first(had == gained)) is not None:
+            seq = int(64 * words[t] + np.log2(float(bits[t])))
+            raise TraceError(
+                f"frame {f} {'gives' if gained[t] else 'takes'} cell {cells[rows[t]]} owner "
+                f"{seq}, which it {'has' if had[t] else 'lacks'} already"
+            )
+        flipped = np.zeros(len(cells), dtype=bool)
+        flipped[rows] = True
+        same = (pos == table.pos[cells]) & (new == old) & ~flipped
+        if (i := _first(same)) is not None:
+            if old[i] == FREE:
+                raise TraceError(f"frame {f} frees cell {cells[i]}, which was never occupied")
+            raise TraceError(f"frame {f} records cell {cells[i]} changing to the state it had")
+        plain, n_ids = new != SHARED, self.config.max_seqs  # a plain change sets all owners
+        self.owned -= np.bincount(old[plain & (old >= 0)], minlength=n_ids)
+        self.owned -= _id_counts(table.owners[cells[plain & (old == SHARED)]], n_ids)
+        self.owned += np.bincount(new[plain & (new >= 0)], minlength=n_ids)
+        seqs = (64 * words + np.log2(bits.astype(np.float64))).astype(np.int64)
+        self.owned += np.bincount(seqs, np.where(gained, 1, -1), self.config.max_seqs).astype(
+            np.int64
         )
+        table.apply(f)
+        codes[cells] = new
+        self._check_shared(f, cells[~plain])
+        dead = (self.owned > 0) & ~a["live"][f]
+        if (s := _first(dead)) is not None:
+            word, bit = s // 64, np.uint64(1) << np.uint64(s % 64)
+            cell = _first(table.owners[:, word] & bit)
+            raise TraceError(
+                f"cell {cell} is owned by sequence {s} at frame {f} while that sequence is not live"
+            )
 
+    def _check_shared(self, f: int, cells: np.ndarray) -> None:
+        """The toggles leave each of `cells` (changed to SHARED) several owners."""
+        counts = np.bitwise_count(self.table.owners[cells]).sum(axis=1)
+        if (i := _first(counts < 2)) is not None:
+            raise TraceError(
+                f"frame {f}'s toggles leave cell {cells[i]} {counts[i]} owners; its code "
+                f"{SHARED} says several"
+            )
 
-def _check_owners_live(a: dict[str, np.ndarray], h: _History) -> None:
-    """Every owner of a cell is live for as long as the cell holds it: no owner of change i
-    is dead at any frame of [start[i], end[i])."""
-    dead = _dead_during(a["live"], h.start, h.end)  # [n_changes, n_owner_words] uint64
-    if (i := _first((h.owners & dead).any(axis=1))) is not None:
-        words = (h.owners[i] & dead[i]).tolist()
-        word = next(w for w, bits in enumerate(words) if bits)
-        seq = 64 * word + (words[word] & -words[word]).bit_length() - 1  # its lowest such id
-        raise TraceError(
-            f"cell {h.cells[i]} is owned by sequence {seq} from frame {h.start[i]} while "
-            f"that sequence is not live"
+    def _check_extent(self, f: int) -> None:
+        """Every occupied cell lies below read_len, and the one just below is occupied."""
+        read_len, pos = self.a["read_len"], self.table.pos
+        cells, new_pos, _ = self.table.changes(f)
+        before = read_len[f - 1] if f else 0
+        occupied = np.concatenate(
+            [cells[new_pos >= 0], np.flatnonzero(pos[read_len[f] : before] >= 0) + read_len[f]]
         )
+        if (i := _first(occupied >= read_len[f])) is not None:
+            raise TraceError(
+                f"cell {occupied[i]} is occupied from frame {f} while read_len drops to "
+                f"{read_len[f]}; every occupied cell lies below read_len"
+            )
+        if read_len[f] > 0 and pos[read_len[f] - 1] < 0:
+            raise TraceError(
+                f"frame {f}'s read_len {read_len[f]} is not trimmed: cell {read_len[f] - 1} is free"
+            )
+
+    def _check_step(self, f: int) -> None:
+        """Each real row's cell holds the token's position and its sequence alone."""
+        a, rows = self.a, slice(self.steps[f], self.steps[f + 1])
+        seqs = a["step_seq_ids"][rows]
+        real = seqs >= 0
+        c, p, s = a["step_cells"][rows][real], a["step_positions"][rows][real], seqs[real]
+        held_pos, held = self.table.pos[c], self.codes[c]
+        if (i := _first((held_pos != p) | (held != s))) is not None:
+            raise TraceError(
+                f"frame {f}'s step puts sequence {s[i]} position {p[i]} in cell {c[i]}, but "
+                f"the table holds position {held_pos[i]} there, or other owners"
+            )
 
 
-def _dead_during(live: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """[n, words] uint64: the ids not live at some frame of [start[i], end[i]) (end > start),
-    by range-OR over a sparse table of each frame's dead ids (log2 n_frames levels)."""
-    n_frames = len(live)
-    levels = [id_words(~live)]
-    while 2 ** len(levels) <= n_frames:
-        half, prev = 2 ** (len(levels) - 1), levels[-1]
-        levels.append(prev[: len(prev) - half] | prev[half:])  # frames [i, i + 2 half)
-    k = np.log2(end - start).astype(np.int64)  # exact for int64 below 2 ** 52
-    out = np.zeros((len(start), levels[0].shape[1]), dtype=np.uint64)
-    for level in np.unique(k).tolist():
-        at = np.flatnonzero(k == level)
-        table = levels[level]
-        out[at] = table[start[at]] | table[end[at] - 2**level]
-    return out
-
-
-def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> None:
+def _check_rows(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+    """Step rows where steps are, 1 to max_width of them, real rows then padding, each a
+    live sequence's token in a distinct cell below read_len."""
     widths, is_step = np.diff(a["step_offsets"]), a["events"] == STEP_EVENT
     if (f := _first(~is_step & (widths != 0))) is not None:
         raise TraceError(f"frame {f} is no step but has {widths[f]} step rows")
@@ -231,7 +288,7 @@ def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> 
     if (f := _first(is_step & np.append(pad, True)[a["step_offsets"][:-1]])) is not None:
         raise TraceError(f"frame {f}'s step starts with padding; a step has a real token first")
     real = np.flatnonzero(~pad)
-    f, c, p, s = frame[real], cells[real], positions[real], seq_ids[real]
+    f, c, s = frame[real], cells[real], seq_ids[real]
     if (i := _first((s < 0) | (s >= config.max_seqs))) is not None:
         raise TraceError(
             f"frame {f[i]}'s step names sequence {s[i]}, past max_seqs={config.max_seqs}"
@@ -246,14 +303,6 @@ def _check_steps(config: CacheConfig, a: dict[str, np.ndarray], h: _History) -> 
     order = np.lexsort((c, f))
     if (i := _first((np.diff(f[order]) == 0) & (np.diff(c[order]) == 0))) is not None:
         raise TraceError(f"frame {f[order[i]]}'s step places two tokens in cell {c[order[i]]}")
-    held_pos, held_owners = h.state(c, f)
-    expect = np.zeros((len(real), config.n_owner_words), dtype=np.uint64)
-    expect[np.arange(len(real)), s // 64] = np.left_shift(np.uint64(1), (s % 64).astype(np.uint64))
-    if (i := _first((held_pos != p) | (held_owners != expect).any(axis=1))) is not None:
-        raise TraceError(
-            f"frame {f[i]}'s step puts sequence {s[i]} position {p[i]} in cell {c[i]}, but "
-            f"the table holds position {held_pos[i]} there, or other owners"
-        )
 
 
 # -- annotations ---------------------------------------------------------------------
@@ -337,3 +386,8 @@ def _is_scalar(value: object) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         return value in INT64
     return isinstance(value, SCALARS)
+
+
+def _id_counts(owners: np.ndarray, n_ids: int) -> np.ndarray:
+    """[n_ids] int64: how many of the bitsets `owners` ([k, words] uint64) hold each id."""
+    return np.bincount(owner_bits(owners)[1], minlength=n_ids)[:n_ids]

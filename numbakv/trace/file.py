@@ -4,7 +4,10 @@
 A trace file is a zip of `.npy` members: `header.npy` (a JSON string: the format and the
 cache's config), one member per entry of ARRAYS and, from format 2 on, `annotations.npy`
 (a JSON string: the list of annotations, each `{"frame": int, "kind": str, "data": {...}}`,
-in recording order). Format 1 files (no annotations) still load, with none.
+in recording order). Format 3 stores one owner code per change and, for a change to a
+shared cell, the owner bits it gains or loses; format 2 (a whole owner bitset per change) and
+format 1 (format 2 without annotations) still load, converted to format 3
+(`numbakv.trace.upgrade`).
 `read_trace_file` refuses, before it allocates anything, what `Trace.save` never writes:
 another file type, an encrypted member or a compression method other than stored/deflate,
 a member that would expand past deflate's limit, an `.npy` header whose shape needs more
@@ -27,14 +30,16 @@ from numbakv.config import CacheConfig
 from numbakv.errors import CacheError, TraceError
 from numbakv.npz import short
 from numbakv.observe import EVENTS
+from numbakv.trace import upgrade
 
-FORMAT = "numbakv-trace/2"  # what `Trace.save` writes
-FORMATS = ("numbakv-trace/1", FORMAT)  # what `read_trace_file` reads; /1 has no annotations
+FORMAT = "numbakv-trace/3"  # what `Trace.save` writes
+FORMATS = ("numbakv-trace/1", "numbakv-trace/2", FORMAT)  # what `read_trace_file` reads
+OWNER_BITSETS = FORMATS[:2]  # the formats that store a whole owner bitset per change
 FRAME_EVENTS = ("start", *EVENTS)
 STEP_EVENT = FRAME_EVENTS.index("prepare_step")
 
 # name -> (dtype, dimensions after the first); every array of a trace, as saved
-ARRAYS = {
+FRAMES = {
     "events": (np.uint8, 0),  # [n_frames] index into FRAME_EVENTS
     "read_len": (np.int32, 0),  # [n_frames]
     "rows": (np.int32, 0),  # [n_frames]
@@ -42,13 +47,25 @@ ARRAYS = {
     "delta_offsets": (np.int64, 0),  # [n_frames + 1] frame f's changes: [offsets[f], offsets[f+1])
     "delta_cells": (np.int32, 0),  # [n_changes] cell index
     "delta_pos": (np.int32, 0),  # [n_changes] its new position
-    "delta_owners": (np.uint64, 1),  # [n_changes, n_owner_words] its new owners
+}
+STEPS = {
     "step_offsets": (np.int64, 0),  # [n_frames + 1] frame f's step rows (empty unless a step)
     "step_cells": (np.int32, 0),  # [n_rows]
     "step_positions": (np.int32, 0),  # [n_rows]
     "step_seq_ids": (np.int32, 0),  # [n_rows]
 }
-MEMBERS = ("header", *ARRAYS)  # every trace file's
+ARRAYS = {
+    **FRAMES,
+    "delta_codes": (np.int32, 0),  # [n_changes] its new owner code: an id, FREE or SHARED
+    # a change to a shared cell lists the owner bits it flips, ids ascending; any other
+    # change sets its cell's owners to its code's (one id, or none):
+    "toggle_counts": (np.int32, 0),  # [n_changes] how many bits it flips (0 unless SHARED)
+    "toggle_seqs": (np.int32, 0),  # [n_toggles] by change; s: it gains owner s, ~s loses s
+    **STEPS,
+}
+# formats 1 and 2: a whole owner bitset per change instead of codes and toggles
+BITSET_ARRAYS = {**FRAMES, "delta_owners": (np.uint64, 1), **STEPS}
+MEMBERS = ("header", *ARRAYS)  # a format 3 file's
 ADVICE = "record it again (Recorder.save or `numbakv demo --trace`)"
 KIND = npz.Kind("trace", f"{len(MEMBERS)} arrays", TraceError, ADVICE)
 
@@ -64,9 +81,9 @@ def write_trace_file(path, config: CacheConfig, arrays: dict[str, np.ndarray],
 
 def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray], object]:
     """(config, arrays, annotations) of the trace file at `path`: arrays as ARRAYS names them
-    (not yet checked against each other: `check_arrays` does that), annotations as parsed
-    from the JSON (not yet checked: `annotation_records` does that; [] for format 1);
-    TraceError for anything else."""
+    (format 1 and 2 files converted, `numbakv.trace.upgrade`; not yet checked against each
+    other: `check_arrays` does that), annotations as parsed from the JSON (not yet checked:
+    `annotation_records` does that; [] for format 1); TraceError for anything else."""
     path = Path(path)
     header, arrays, annotations = npz.read(path, KIND, _read)
     try:
@@ -74,14 +91,16 @@ def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray], object]:
     except (CacheError, TypeError, ValueError, KeyError, RecursionError) as error:
         reason = npz.reason(error)
         raise TraceError(f"{path} holds a bad cache config ({reason}); {ADVICE}") from None
+    if "delta_owners" in arrays:
+        arrays = upgrade.codes_and_toggles(config, arrays)
     return config, arrays, annotations
 
 
 def _read(archive: zipfile.ZipFile, size: int) -> tuple[dict, dict[str, np.ndarray], object]:
     """(the parsed JSON header, the arrays, the parsed JSON annotations) of the trace's
     archive (a file of `size` bytes); the header's format is one of FORMATS and the members
-    are that format's."""
-    members = npz.members(archive, size, MEMBERS, ("annotations",))
+    are that format's. Every member's header is checked before any array is read."""
+    members = npz.members(archive, size, ("header",), (*ARRAYS, "delta_owners", "annotations"))
     header = npz.read_json(archive, members["header"], "header")
     if not isinstance(header, dict) or header.get("format") not in FORMATS:
         found = header.get("format") if isinstance(header, dict) else header
@@ -94,9 +113,15 @@ def _read(archive: zipfile.ZipFile, size: int) -> tuple[dict, dict[str, np.ndarr
             f"{'an' if has_annotations else 'no'} annotations.npy member; this one "
             f"{'lacks it' if has_annotations else 'has one'}"
         )
+    names = BITSET_ARRAYS if header["format"] in OWNER_BITSETS else ARRAYS
+    missing = [f"{name}.npy" for name in names if name not in members]
+    if missing:
+        raise npz.Refused(f"it has no {missing[0]} member, which a {header['format']} file has")
+    for name, (dtype, n_dims) in names.items():
+        npz.check_array(archive, members[name], dtype, (None,) * (n_dims + 1))
     arrays = {
         name: npz.read_array(archive, members[name], dtype, (None,) * (n_dims + 1))
-        for name, (dtype, n_dims) in ARRAYS.items()
+        for name, (dtype, n_dims) in names.items()
     }
     annotations = []
     if has_annotations:

@@ -156,37 +156,26 @@ class Trace:
 
     def snapshots(self) -> Iterator[Snapshot]:
         """Every frame's table, in order, replayed from the recorded changes."""
-        a = self.arrays
-        n_cells = int(a["read_len"].max(initial=0))
-        pos = np.full(n_cells, -1, dtype=np.int32)
-        owners = np.zeros((n_cells, self.config.n_owner_words), dtype=np.uint64)
-        for f in range(self.n_frames):
-            changes = slice(a["delta_offsets"][f], a["delta_offsets"][f + 1])
-            pos[a["delta_cells"][changes]] = a["delta_pos"][changes]
-            owners[a["delta_cells"][changes]] = a["delta_owners"][changes]
-            read_len = int(a["read_len"][f])
-            yield Snapshot(
-                pos=pos[:read_len].copy(),
-                owners=owners[:read_len].copy(),
-                live=a["live"][f].copy(),
-                read_len=read_len,
-                capacity=self.config.capacity,
-                rows=int(a["rows"][f]),
-            )
+        for f, pos, owners, _ in self._replay():
+            yield self._snapshot(f, pos, owners)
 
     def snapshot(self, frame: int) -> Snapshot:
-        """The table at `frame` (negative counts from the end)."""
+        """The table at `frame` (negative counts from the end), replayed up to it."""
         frame = range(self.n_frames)[frame]
-        a = self.arrays
-        read_len = int(a["read_len"][frame])
-        last = scan.last_changes(a, frame)
-        last = last[a["delta_cells"][last] < read_len]  # cells past read_len are free now
-        pos = np.full(read_len, -1, dtype=np.int32)
-        owners = np.zeros((read_len, self.config.n_owner_words), dtype=np.uint64)
-        cells = a["delta_cells"][last]
-        pos[cells], owners[cells] = a["delta_pos"][last], a["delta_owners"][last]
-        return Snapshot(pos=pos, owners=owners, live=a["live"][frame].copy(), read_len=read_len,
-                        capacity=self.config.capacity, rows=int(a["rows"][frame]))  # fmt: skip
+        for f, pos, owners, _ in self._replay():
+            if f == frame:
+                return self._snapshot(f, pos, owners)
+        raise AssertionError("unreachable: frame is in range")
+
+    def _replay(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        n_cells = int(self.arrays["read_len"].max(initial=0))
+        return scan.replay_table(self.arrays, n_cells, self.config.n_owner_words)
+
+    def _snapshot(self, f: int, pos: np.ndarray, owners: np.ndarray) -> Snapshot:
+        a, read_len = self.arrays, int(self.arrays["read_len"][f])
+        return Snapshot(pos=pos[:read_len].copy(), owners=owners[:read_len].copy(),
+                        live=a["live"][f].copy(), read_len=read_len,
+                        capacity=self.config.capacity, rows=int(a["rows"][f]))  # fmt: skip
 
     def step(self, frame: int) -> TraceStep:
         """The step recorded at `frame`, which must follow a `prepare_step`."""

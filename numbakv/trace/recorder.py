@@ -1,8 +1,9 @@
 """`Recorder`: the cell table of a cache (either implementation) recorded over a workload,
 through its observer hook, as the frames of a `Trace` (numba-free).
 
-A frame stores only the cells that changed since the one before, so a decode step of n
-sequences costs O(n) bytes; `annotate` adds the caller's own events (an engine's
+A frame stores only the cells that changed since the one before (format 3,
+`numbakv.trace.file`), so a decode step of n sequences costs O(n) bytes and O(n) time;
+`annotate` adds the caller's own events (an engine's
 admissions and finishes) between the frames.
 """
 
@@ -10,9 +11,11 @@ import numpy as np
 
 from numbakv.config import CacheConfig
 from numbakv.errors import ConfigError
+from numbakv.snapshot import SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS
 from numbakv.trace.frames import Trace
+from numbakv.trace.upgrade import flips
 
 
 class Recorder:
@@ -23,17 +26,25 @@ class Recorder:
     >>> recorder.annotate("admit", request=0, seqs=[0])   # an event between frames
     >>> recorder.save("run.npz")        # load_trace("run.npz") gives it back
 
-    Each frame stores only the cells that changed since the one before, so a decode
-    step of n sequences costs O(n) bytes; the comparison costs O(read_len) time.
+    Each frame stores only the cells that changed since the one before, so a decode step
+    of n sequences costs O(n) bytes; and it reads only the cells the table says its verbs
+    touched (`touched_cells`, `cells_state`), so it costs O(n) time too. A cache without
+    those two is compared whole, O(read_len) a frame.
     """
 
     def __init__(self, cache, every_verb: bool = False):
         self.config: CacheConfig = cache.config
         self.every_verb = every_verb
         self._cache = cache
-        self._pos = np.zeros(0, dtype=np.int32)
+        self._pos = np.zeros(0, dtype=np.int32)  # the table as last recorded
         self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
-        self._columns: dict[str, list] = {name: [] for name in ARRAYS}
+        self._touched: list[np.ndarray] = []  # cells the verbs since the last frame touched
+        self._columns = {
+            name: _Column(dtype, self.config.max_seqs if name == "live" else None)
+            for name, (dtype, _) in ARRAYS.items()
+        }
+        for name in ("delta_offsets", "step_offsets"):
+            self._columns[name].extend(np.zeros(1, np.int64))
         self._annotations: list[dict] = []
         self._record(cache, "start", None)
         cache.add_observer(self._on_event)
@@ -64,47 +75,75 @@ class Recorder:
         self._annotations.append({"frame": frame, "kind": kind, "data": plain_data(data)})
 
     def _on_event(self, cache, event: str, step) -> None:
+        if hasattr(cache, "touched_cells"):
+            self._touched.append(cache.touched_cells())
         if step is not None or self.every_verb:
             self._record(cache, event, step)
 
     def _record(self, cache, event: str, step) -> None:
-        snap = cache.snapshot()
-        cells, pos, owners = _changes(self._pos, self._owners, snap.pos, snap.owners)
-        self._pos, self._owners = snap.pos, snap.owners
+        read_len, rows, live, cells, pos, owners = self._read(cache, event)
+        if len(cells) and cells[-1] >= len(self._pos):
+            self._grow(int(cells[-1]) + 1)
+        was_pos, was_owners = self._pos[cells], self._owners[cells]
+        changed = (pos != was_pos) | (owners != was_owners).any(axis=1)
+        cells, pos, owners, was_owners = (
+            cells[changed],
+            pos[changed],
+            owners[changed],
+            was_owners[changed],
+        )
+        self._pos[cells], self._owners[cells] = pos, owners
         c = self._columns
-        c["events"].append(FRAME_EVENTS.index(event))
-        c["read_len"].append(snap.read_len)
-        c["rows"].append(snap.rows)
-        c["live"].append(snap.live)
-        c["delta_cells"].append(cells)
-        c["delta_pos"].append(pos)
-        c["delta_owners"].append(owners)
+        codes = owner_codes(owners)
+        shared = np.flatnonzero(codes == SHARED)
+        changes, seqs = flips(was_owners[shared], owners[shared])
+        counts = np.zeros(len(cells), dtype=np.int32)
+        counts[shared] = np.bincount(changes, minlength=len(shared))
+        c["toggle_counts"].extend(counts)
+        c["toggle_seqs"].extend(seqs)
+        c["events"].extend([FRAME_EVENTS.index(event)])
+        c["read_len"].extend([read_len])
+        c["rows"].extend([rows])
+        c["live"].extend(live[None])
+        c["delta_cells"].extend(cells)
+        c["delta_pos"].extend(pos)
+        c["delta_codes"].extend(codes)
+        c["delta_offsets"].extend([len(c["delta_cells"])])
         if step is not None:
-            c["step_cells"].append(step.cells)
-            c["step_positions"].append(step.positions)
-            c["step_seq_ids"].append(step.seq_ids)
-        else:
-            c["step_cells"].append(np.zeros(0, np.int32))
-            c["step_positions"].append(np.zeros(0, np.int32))
-            c["step_seq_ids"].append(np.zeros(0, np.int32))
+            c["step_cells"].extend(step.cells)
+            c["step_positions"].extend(step.positions)
+            c["step_seq_ids"].extend(step.seq_ids)
+        c["step_offsets"].extend([len(c["step_cells"])])
+
+    def _read(self, cache, event: str):
+        """(read_len, rows, [max_seqs] bool live, cells ascending, their [n] pos and [n,
+        words] owners) of the cells the verbs touched since the last frame; every cell the
+        first time and for a cache that does not say what its verbs touched."""
+        if event != "start" and hasattr(cache, "cells_state"):
+            touched, self._touched = self._touched, []
+            cells = np.unique(np.concatenate([np.zeros(0, np.int32), *touched]))
+            live = np.zeros(self.config.max_seqs, dtype=bool)
+            live[cache.live_seqs] = True
+            return (cache.read_len, cache.rows, live, cells, *cache.cells_state(cells))
+        snap = cache.snapshot()
+        self._touched = []
+        n = max(snap.read_len, len(self._pos))
+        pos = np.full(n, -1, dtype=np.int32)
+        owners = np.zeros((n, self.config.n_owner_words), dtype=np.uint64)
+        pos[: snap.read_len], owners[: snap.read_len] = snap.pos, snap.owners
+        return snap.read_len, snap.rows, snap.live, np.arange(n), pos, owners
+
+    def _grow(self, n: int) -> None:
+        """The kept table covers cells [0, n) (doubling, so growth costs O(1) a cell)."""
+        size = max(n, 2 * len(self._pos))
+        pos = np.full(size, -1, dtype=np.int32)
+        owners = np.zeros((size, self.config.n_owner_words), dtype=np.uint64)
+        pos[: len(self._pos)], owners[: len(self._pos)] = self._pos, self._owners
+        self._pos, self._owners = pos, owners
 
     def trace(self) -> Trace:
-        """The frames recorded so far."""
-        c = self._columns
-        arrays = {
-            "events": np.array(c["events"], dtype=np.uint8),
-            "read_len": np.array(c["read_len"], dtype=np.int32),
-            "rows": np.array(c["rows"], dtype=np.int32),
-            "live": np.array(c["live"], dtype=bool),
-            "delta_offsets": _offsets(c["delta_cells"]),
-            "delta_cells": np.concatenate(c["delta_cells"]).astype(np.int32),
-            "delta_pos": np.concatenate(c["delta_pos"]).astype(np.int32),
-            "delta_owners": np.concatenate(c["delta_owners"]).astype(np.uint64),
-            "step_offsets": _offsets(c["step_cells"]),
-            "step_cells": np.concatenate(c["step_cells"]).astype(np.int32),
-            "step_positions": np.concatenate(c["step_positions"]).astype(np.int32),
-            "step_seq_ids": np.concatenate(c["step_seq_ids"]).astype(np.int32),
-        }
+        """The frames recorded so far (read-only views of the recorder's arrays: no copy)."""
+        arrays = {name: column.view() for name, column in self._columns.items()}
         return Trace(self.config, arrays, self._annotations)
 
     def save(self, path) -> None:
@@ -112,23 +151,32 @@ class Recorder:
         self.trace().save(path)
 
 
-def _changes(old_pos, old_owners, new_pos, new_owners):
-    """(cells int32, their new pos, their new owners): the cells two tables disagree on."""
-    n = max(len(old_pos), len(new_pos))
+class _Column:
+    """A numpy array that grows by doubling: appending n entries costs O(n) amortized."""
 
-    def pad(pos, owners):
-        extra = n - len(pos)
-        return (
-            np.concatenate([pos, np.full(extra, -1, np.int32)]),
-            np.concatenate([owners, np.zeros((extra, owners.shape[1]), np.uint64)]),
-        )
+    def __init__(self, dtype, width: int | None = None):
+        self._data = np.zeros((16,) if width is None else (16, width), dtype=dtype)
+        self._n = 0
 
-    (old_pos, old_owners), (new_pos, new_owners) = (
-        pad(old_pos, old_owners),
-        pad(new_pos, new_owners),
-    )
-    cells = np.flatnonzero((old_pos != new_pos) | (old_owners != new_owners).any(axis=1))
-    return cells.astype(np.int32), new_pos[cells], new_owners[cells]
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=self._data.dtype)
+        end = self._n + len(values)
+        if end > len(self._data):
+            data = np.zeros(
+                (max(end, 2 * len(self._data)), *self._data.shape[1:]), self._data.dtype
+            )
+            data[: self._n] = self._data[: self._n]
+            self._data = data
+        self._data[self._n : end] = values
+        self._n = end
+
+    def __len__(self) -> int:
+        return self._n
+
+    def view(self) -> np.ndarray:
+        view = self._data[: self._n]
+        view.flags.writeable = False
+        return view
 
 
 def _python(value: object) -> object:
@@ -136,7 +184,3 @@ def _python(value: object) -> object:
     if isinstance(value, list | tuple):
         return [v.item() if isinstance(v, np.generic) else v for v in value]
     return value.item() if isinstance(value, np.generic) else value
-
-
-def _offsets(chunks: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum([len(chunk) for chunk in chunks])]).astype(np.int64)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from numbakv.snapshot import FREE, owner_codes
+from numbakv.snapshot import FREE, SHARED
+from numbakv.trace.free_runs import FreeRuns
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -31,11 +32,6 @@ def previous_changes(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return previous
 
 
-def change_codes(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """[n_changes] int32: each change's new owner code (an id, FREE or SHARED)."""
-    return owner_codes(arrays["delta_owners"])
-
-
 def request_table(bindings: np.ndarray, n_frames: int, max_seqs: int) -> np.ndarray:
     """[n_frames, max_seqs] int64: the request each sequence id is bound to at each frame,
     -1 for none. `bindings` are `Trace.seq_bindings()` rows (frame, seq, request): each
@@ -49,18 +45,39 @@ def request_table(bindings: np.ndarray, n_frames: int, max_seqs: int) -> np.ndar
 def used_and_held(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """([n_frames] int64 occupied cells, [n_frames] int64 tokens held) after each frame;
     held - occupied is what sharing saves."""
+    codes, n_owners = arrays["delta_codes"], owner_counts(arrays)
     previous = previous_changes(arrays)
-    held = np.bitwise_count(arrays["delta_owners"]).sum(axis=1, dtype=np.int64)
-    held_before = np.where(previous >= 0, held[np.maximum(previous, 0)], 0)
+    had = previous >= 0
     frames, n_frames = change_frames(arrays), len(arrays["events"])
-    d_used = np.bincount(frames, (held > 0).astype(np.int64) - (held_before > 0), n_frames)
-    d_held = np.bincount(frames, held - held_before, n_frames)
+    was_used = np.zeros(len(codes), dtype=np.int64)
+    was_used[had] = codes[previous[had]] != FREE
+    d_used = np.bincount(frames, (codes != FREE) - was_used, n_frames)
+    was_held = np.zeros(len(codes), dtype=np.int64)
+    was_held[had] = n_owners[previous[had]]
+    d_held = np.bincount(frames, n_owners - was_held, n_frames)
     return np.cumsum(d_used).astype(np.int64), np.cumsum(d_held).astype(np.int64)
 
 
-def last_changes(arrays: dict[str, np.ndarray], frame: int) -> np.ndarray:
-    """int64 indices of each changed cell's last change up to and including `frame`."""
-    return last_of(arrays["delta_cells"][: arrays["delta_offsets"][frame + 1]])
+def owner_counts(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """[n_changes] int64: how many owners each change leaves its cell. A change to an id
+    or FREE says it (1, 0); one to SHARED adds its toggles' gains less losses to the count
+    the cell's change before left (a running sum over each cell's changes, restarted at
+    every plain change)."""
+    codes, cells = arrays["delta_codes"], arrays["delta_cells"]
+    toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
+    gains = np.bincount(toggled, np.where(arrays["toggle_seqs"] >= 0, 1, -1), len(codes))
+    value = np.where(codes == SHARED, gains, codes >= 0).astype(np.int64)
+    order = np.argsort(cells, kind="stable")  # each cell's changes, in frame order
+    value = value[order]
+    restart = codes[order] != SHARED
+    restart[:1] = True
+    restart[1:] |= cells[order][1:] != cells[order][:-1]
+    total = np.cumsum(value)
+    starts = np.flatnonzero(restart)
+    before = np.repeat((total - value)[starts], np.diff(np.append(starts, len(codes))))
+    counts = np.empty(len(codes), dtype=np.int64)
+    counts[order] = total - before
+    return counts
 
 
 def last_of(cells: np.ndarray) -> np.ndarray:
@@ -83,9 +100,9 @@ def replay_codes(
     """(frame, codes, changed cells) per frame, in order: `codes` is one `[n_cells] int32`
     array of owner codes (ids, FREE, SHARED), updated in place to the table after that
     frame. Consumers read it before the next iteration and never keep it. `new_codes`:
-    `change_codes(arrays)`, when the caller has it already."""
+    each change's code when not the trace's own (`delta_codes`)."""
     codes = np.full(n_cells, FREE, dtype=np.int32)
-    new_codes = change_codes(arrays) if new_codes is None else new_codes
+    new_codes = arrays["delta_codes"] if new_codes is None else new_codes
     offsets, cells = arrays["delta_offsets"], arrays["delta_cells"]
     for f in range(len(arrays["events"])):
         changed = slice(offsets[f], offsets[f + 1])
@@ -93,63 +110,109 @@ def replay_codes(
         yield f, codes, cells[changed]
 
 
+class TableReplay:
+    """The table of a checked trace, frame by frame, in place: `pos` [n_cells] int32 and
+    `owners` [n_cells, words] uint64 after the frames applied so far (`apply(f)`, in order).
+    A change to a shared cell flips the bits its toggles name; any other sets its cell's
+    owners to its code's (one id, or none) (`numbakv.trace.file`)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], n_cells: int, n_words: int):
+        self.arrays = arrays
+        self.pos = np.full(n_cells, -1, dtype=np.int32)
+        self.owners = np.zeros((n_cells, n_words), dtype=np.uint64)
+        # frame f's toggles: [toggle_offsets[f], toggle_offsets[f + 1])
+        ends = np.concatenate([[0], np.cumsum(arrays["toggle_counts"], dtype=np.int64)])
+        self.toggle_offsets = ends[arrays["delta_offsets"]]
+
+    def changes(self, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cells, new positions, new codes) of frame `f`, views."""
+        a, offsets = self.arrays, self.arrays["delta_offsets"]
+        changed = slice(offsets[f], offsets[f + 1])
+        return a["delta_cells"][changed], a["delta_pos"][changed], a["delta_codes"][changed]
+
+    def toggles(self, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row of the frame's change int64, word int64, bit uint64, gained bool) of each of
+        frame `f`'s toggles."""
+        a, t, offsets = self.arrays, self.toggle_offsets, self.arrays["delta_offsets"]
+        seqs = a["toggle_seqs"][t[f] : t[f + 1]].astype(np.int64)
+        gained = seqs >= 0
+        seqs = np.where(gained, seqs, ~seqs)
+        counts = a["toggle_counts"][offsets[f] : offsets[f + 1]]
+        rows = np.repeat(np.arange(len(counts)), counts)
+        return rows, seqs // 64, np.left_shift(np.uint64(1), (seqs % 64).astype(np.uint64)), gained
+
+    def apply(self, f: int) -> np.ndarray:
+        """Applies frame `f`'s changes; returns its changed cells."""
+        cells, pos, codes = self.changes(f)
+        rows, words, bits, _ = self.toggles(f)
+        self.pos[cells] = pos
+        plain = codes != SHARED
+        plain_cells, plain_codes = cells[plain], codes[plain]
+        self.owners[plain_cells] = 0
+        alone = plain_codes >= 0
+        self.owners[plain_cells[alone], plain_codes[alone] // 64] = np.left_shift(
+            np.uint64(1), (plain_codes[alone] % 64).astype(np.uint64)
+        )
+        np.bitwise_xor.at(self.owners, (cells[rows], words), bits)
+        return cells
+
+
+def replay_table(
+    arrays: dict[str, np.ndarray], n_cells: int, n_words: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(frame, pos, owners, changed cells) per frame, in order, `pos` and `owners` one
+    `TableReplay`'s arrays (read them before the next iteration, never keep them)."""
+    replay = TableReplay(arrays, n_cells, n_words)
+    for f in range(len(arrays["events"])):
+        changed = replay.apply(f)
+        yield f, replay.pos, replay.owners, changed
+
+
 def largest_free_run(arrays: dict[str, np.ndarray]) -> np.ndarray:
     """[n_frames] int64: the longest stretch of consecutive free cells among the pool's
-    allocated rows [0, rows) after each frame (what one contiguous placement could get)."""
+    allocated rows [0, rows) after each frame (what one contiguous placement could get);
+    O(changes log cells) (`FreeRuns`)."""
     rows = arrays["rows"]
     n_cells = int(rows.max(initial=0))
     out = np.zeros(len(rows), dtype=np.int64)
-    free = np.ones(n_cells + 2, dtype=np.int8)  # free[c + 1]: cell c; a used sentinel first
-    free[0] = 0
-    best = (0, 0)  # [start, end) of a longest run, as free[] indices
+    runs, allocated = FreeRuns(n_cells), 0  # a cell past the rows is not free for placement
     for f, codes, changed in replay_codes(arrays, n_cells):
-        was = free[changed + 1].copy()
-        free[changed + 1] = codes[changed] == FREE
-        taken = changed[(was == 1) & (free[changed + 1] == 0)] + 1
-        grew = f > 0 and rows[f] > rows[f - 1]
-        # the longest run only shrinks when a cell of it is taken, only grows when a cell
-        # is freed or the pool grows: otherwise it stands, and the scan is skipped
-        if (
-            grew
-            or (free[changed + 1] > was).any()
-            or ((taken >= best[0]) & (taken < best[1])).any()
-        ):
-            edges = np.flatnonzero(np.diff(free[: rows[f] + 1], append=0))
-            lengths = edges[1::2] - edges[::2]
-            i = int(lengths.argmax()) if len(lengths) else 0
-            best = (int(edges[2 * i]), int(edges[2 * i + 1])) if len(lengths) else (0, 0)
-        out[f] = best[1] - best[0]
+        grown = np.arange(allocated, rows[f])  # rows never shrink (`checks`)
+        cells = np.concatenate([changed[changed < allocated], grown])  # ascending
+        runs.set(cells, codes[cells] == FREE)
+        allocated = max(allocated, int(rows[f]))
+        out[f] = runs.largest
     return out
 
 
-def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int) -> np.ndarray:
+def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, n_words: int) -> np.ndarray:
     """[n_frames, max_seqs] int32: how many maximal runs of consecutive cells each sequence
     owns after each frame (shared cells count for every owner; 0 = it owns none). One run
     is a contiguous sequence; k runs are k separate stretches gathered attention reads."""
     n_cells, n_frames = int(arrays["read_len"].max(initial=0)), len(arrays["events"])
-    owners = np.zeros((n_cells + 1, arrays["delta_owners"].shape[1]), dtype=np.uint64)
-    offsets, cells, new = arrays["delta_offsets"], arrays["delta_cells"], arrays["delta_owners"]
-    befores, afters, at_frames, n_at = [], [], [], []
-    for f in np.flatnonzero(np.diff(offsets)).tolist():  # the frames that change cells
-        changed = slice(offsets[f], offsets[f + 1])
-        # a run starts at cell x for each owner of x that does not own x - 1 (owners row
-        # x + 1 holds cell x): only starts at a changed cell or just past one can change
-        c = cells[changed]  # ascending (trace_checks): c + 1 is in c where neighbours changed
+    replay = TableReplay(arrays, n_cells + 1, n_words)  # row n_cells: a free sentinel
+    owners = replay.owners
+    delta = np.zeros((n_frames, max_seqs), dtype=np.int64)
+    for f in np.flatnonzero(np.diff(arrays["delta_offsets"])).tolist():  # frames that change
+        # a run starts at cell x for each owner of x that does not own x - 1: only starts
+        # at a changed cell or just past one can change (cell -1 is row n_cells: free)
+        c = replay.changes(f)[0]  # ascending (trace checks)
         at = np.concatenate([c, (c + 1)[np.append(c[1:] != c[:-1] + 1, True)]])
         at = at[at < n_cells]
-        befores.append(owners[at + 1] & ~owners[at])
-        owners[cells[changed] + 1] = new[changed]
-        afters.append(owners[at + 1] & ~owners[at])
-        at_frames.append(f)
-        n_at.append(len(at))
-    delta = np.zeros((n_frames, max_seqs), dtype=np.int64)
-    frames = np.repeat(np.array(at_frames, dtype=np.int64), n_at)
-    for starts, sign in ((befores, -1), (afters, 1)):
-        starts = np.concatenate(starts) if starts else np.zeros((0, owners.shape[1]), np.uint64)
-        for word in range(starts.shape[1]):
-            row, bit = bit_pairs(starts[:, word])
-            np.add.at(delta, (frames[row], 64 * word + bit), sign)
+        for sign in (-1, 1):
+            if sign == 1:
+                replay.apply(f)
+            _, seqs = owner_bits(owners[at] & ~owners[at - 1])
+            delta[f] += sign * np.bincount(seqs, minlength=max_seqs)[:max_seqs]
     return np.cumsum(delta, axis=0).astype(np.int32)
+
+
+def owner_bits(owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, id) int64 of every bit set in `owners` ([k, words] uint64 bitsets): the ids each
+    row holds, reading only the words that are not 0."""
+    rows, words = np.nonzero(owners)
+    index, bit = bit_pairs(owners[rows, words])
+    return rows[index], 64 * words[index] + bit
 
 
 def bit_pairs(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

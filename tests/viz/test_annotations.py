@@ -1,5 +1,5 @@
 """Annotations in traces: `Recorder.annotate`, one step clock for frames and annotations,
-refusals that change nothing, the `numbakv-trace/2` member and hostile versions of it, and
+refusals that change nothing, the `numbakv-trace/3` member and hostile versions of it, and
 format 1 files still loading."""
 
 import io
@@ -16,6 +16,7 @@ from numbakv.errors import ConfigError, TraceError
 from numbakv.reference import CellCache
 from numbakv.trace import Annotation, Recorder, Trace, load_trace
 from numbakv.trace.file import STEP_EVENT
+from numbakv.trace.scan import TableReplay
 
 from helpers import churn, npy, small_config, stable_id, step_with
 
@@ -66,7 +67,7 @@ def test_annotations_round_trip_through_the_file(tmp_path):
     with zipfile.ZipFile(path) as archive:
         assert "annotations.npy" in archive.namelist()
         header = json.loads(str(np.load(io.BytesIO(archive.read("header.npy")))))
-    assert header["format"] == "numbakv-trace/2"
+    assert header["format"] == "numbakv-trace/3"
 
 
 def test_annotation_data_is_copied_in_and_out():
@@ -256,6 +257,16 @@ def header_of(format_: str, path) -> bytes:
     return npy(np.array(json.dumps(header | {"format": format_})))
 
 
+def bitsets(path) -> dict[str, bytes | None]:
+    """The members that turn the format 3 file at `path` into a format 1 or 2 one: each
+    change's whole owner bitset (`delta_owners`) instead of its code and toggles."""
+    trace = load_trace(path)
+    replay = TableReplay(trace.arrays, trace.config.capacity, trace.config.n_owner_words)
+    owners = [replay.owners[replay.apply(f)] for f in range(trace.n_frames)]
+    return {"delta_owners": npy(np.concatenate(owners)), "delta_codes": None,
+            "toggle_counts": None, "toggle_seqs": None}  # fmt: skip
+
+
 def test_a_format_1_file_loads_with_no_annotations(annotated_file, tmp_path):
     expect = load_trace(annotated_file)
     old = with_members(
@@ -263,6 +274,7 @@ def test_a_format_1_file_loads_with_no_annotations(annotated_file, tmp_path):
         tmp_path,
         header=header_of("numbakv-trace/1", annotated_file),
         annotations=None,
+        **bitsets(annotated_file),
     )
     got = load_trace(old)
     assert got.annotations == () and got.annotation_counts() == {}
@@ -272,17 +284,25 @@ def test_a_format_1_file_loads_with_no_annotations(annotated_file, tmp_path):
 
 
 def test_format_and_members_must_agree(annotated_file, tmp_path):
-    with pytest.raises(TraceError, match=r"numbakv-trace/2 file has an annotations\.npy member"):
+    with pytest.raises(TraceError, match=r"numbakv-trace/3 file has an annotations\.npy member"):
         load_trace(with_members(annotated_file, tmp_path, annotations=None))
     old_with = with_members(
-        annotated_file, tmp_path, header=header_of("numbakv-trace/1", annotated_file)
+        annotated_file,
+        tmp_path,
+        header=header_of("numbakv-trace/1", annotated_file),
+        **bitsets(annotated_file),
     )
     with pytest.raises(TraceError, match=r"numbakv-trace/1 file has no annotations\.npy member"):
         load_trace(old_with)
-    future = with_members(
-        annotated_file, tmp_path, header=header_of("numbakv-trace/3", annotated_file)
+    old_codes = with_members(
+        annotated_file, tmp_path, header=header_of("numbakv-trace/2", annotated_file)
     )
-    with pytest.raises(TraceError, match="names format 'numbakv-trace/3', not numbakv-trace/1"):
+    with pytest.raises(TraceError, match=r"no delta_owners\.npy member, which a numbakv-trace/2"):
+        load_trace(old_codes)
+    future = with_members(
+        annotated_file, tmp_path, header=header_of("numbakv-trace/4", annotated_file)
+    )
+    with pytest.raises(TraceError, match="names format 'numbakv-trace/4', not numbakv-trace/1"):
         load_trace(future)
 
 

@@ -208,7 +208,7 @@ def test_inconsistent_arrays(trace_file, tmp_path, changes, match):
 
 
 def test_bad_config_in_header(trace_file, tmp_path):
-    header = '{"format": "numbakv-trace/2", "config": {"n_layers": 0}}'
+    header = '{"format": "numbakv-trace/3", "config": {"n_layers": 0}}'
     with pytest.raises(TraceError, match="bad cache config"):
         load_trace(rewrite(trace_file, tmp_path, header=np.array(header)))
 
@@ -319,11 +319,12 @@ def edited(trace_file, name, index, value):
         ("rows", 5, 5, r"frame 5's pool has 5 rows, outside \[read_len=6, capacity=16\]"),
         ("rows", 7, 12, "the pool shrinks at frame 7, from 16 to 12 rows"),
         ("read_len", 2, 3, "frame 2's read_len 3 is not trimmed: cell 2 is free"),
-        ("read_len", 7, 10, "cell 10 is occupied from frame 7 while read_len drops to 10"),
+        ("read_len", 7, 10, r"frame 7's step places a token in cell 10, outside \[0, read_len=10"),
+        ("read_len", 9, 13, "cell 13 is occupied from frame 9 while read_len drops to 13"),
         ("read_len", 1, 17, r"frame 1's read_len 17 is outside \[0, capacity=16\]"),
         ("delta_pos", 0, -1, "frame 1 gives cell 0 position -1 and some owners"),
-        ("delta_owners", (0, 0), 1 << 9, "an owner id past max_seqs=4"),
-        ("delta_owners", (1, 0), 8, "owned by sequence 3 from frame 2 while that sequence is not"),
+        ("delta_codes", 0, 9, "an owner id past max_seqs=4"),
+        ("delta_codes", 1, 3, "cell 1 is owned by sequence 3 at frame 2 while that sequence is"),
         ("events", 3, 0, "only that one, is the 'start' frame"),
         ("step_offsets", 1, 1, "frame 0 is no step but has 1 step rows"),
     ],
