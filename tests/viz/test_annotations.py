@@ -7,16 +7,15 @@ import json
 import math
 import re
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
+from trace_members import bitsets, header_of, members_of, with_members, write_zip
 
 from numbakv.errors import ConfigError, TraceError
 from numbakv.reference import CellCache
 from numbakv.trace import Annotation, Recorder, Trace, load_trace
 from numbakv.trace.file import STEP_EVENT
-from numbakv.trace.scan import TableReplay
 
 from helpers import churn, npy, small_config, stable_id, step_with
 
@@ -227,44 +226,6 @@ def annotated_file(tmp_path):
     path = tmp_path / "annotated.npz"
     recorder.save(path)
     return path
-
-
-def members_of(path) -> dict[str, bytes]:
-    with zipfile.ZipFile(path) as archive:
-        return {name: archive.read(name) for name in archive.namelist()}
-
-
-def write_zip(path, members: dict[str, bytes]):
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return path
-
-
-def with_members(path, tmp_path, **members) -> Path:
-    """A copy of the file at `path` with members replaced (bytes) or dropped (None)."""
-    found = members_of(path)
-    for name, data in members.items():
-        if data is None:
-            del found[f"{name}.npy"]
-        else:
-            found[f"{name}.npy"] = data
-    return write_zip(tmp_path / "changed.npz", found)
-
-
-def header_of(format_: str, path) -> bytes:
-    header = json.loads(str(np.load(io.BytesIO(members_of(path)["header.npy"]))))
-    return npy(np.array(json.dumps(header | {"format": format_})))
-
-
-def bitsets(path) -> dict[str, bytes | None]:
-    """The members that turn the format 3 file at `path` into a format 1 or 2 one: each
-    change's whole owner bitset (`delta_owners`) instead of its code and toggles."""
-    trace = load_trace(path)
-    replay = TableReplay(trace.arrays, trace.config.capacity, trace.config.n_owner_words)
-    owners = [replay.owners[replay.apply(f)] for f in range(trace.n_frames)]
-    return {"delta_owners": npy(np.concatenate(owners)), "delta_codes": None,
-            "toggle_counts": None, "toggle_seqs": None}  # fmt: skip
 
 
 def test_a_format_1_file_loads_with_no_annotations(annotated_file, tmp_path):
