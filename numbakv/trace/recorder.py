@@ -15,7 +15,7 @@ from numbakv.snapshot import SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS
 from numbakv.trace.frames import Trace
-from numbakv.trace.upgrade import flips
+from numbakv.trace.upgrade import shared_toggles
 
 
 class Recorder:
@@ -36,6 +36,8 @@ class Recorder:
         self.config: CacheConfig = cache.config
         self.every_verb = every_verb
         self._cache = cache
+        # a cache that says what its verbs touched is read there; any other is read whole
+        self._reads_touched = hasattr(cache, "touched_cells") and hasattr(cache, "cells_state")
         self._pos = np.zeros(0, dtype=np.int32)  # the table as last recorded
         self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
         self._touched: list[np.ndarray] = []  # cells the verbs since the last frame touched
@@ -75,7 +77,7 @@ class Recorder:
         self._annotations.append({"frame": frame, "kind": kind, "data": plain_data(data)})
 
     def _on_event(self, cache, event: str, step) -> None:
-        if hasattr(cache, "touched_cells"):
+        if self._reads_touched:
             self._touched.append(cache.touched_cells())
         if step is not None or self.every_verb:
             self._record(cache, event, step)
@@ -86,19 +88,12 @@ class Recorder:
             self._grow(int(cells[-1]) + 1)
         was_pos, was_owners = self._pos[cells], self._owners[cells]
         changed = (pos != was_pos) | (owners != was_owners).any(axis=1)
-        cells, pos, owners, was_owners = (
-            cells[changed],
-            pos[changed],
-            owners[changed],
-            was_owners[changed],
-        )
+        cells, pos, owners, was_owners = (x[changed] for x in (cells, pos, owners, was_owners))
         self._pos[cells], self._owners[cells] = pos, owners
         c = self._columns
         codes = owner_codes(owners)
-        shared = np.flatnonzero(codes == SHARED)
-        changes, seqs = flips(was_owners[shared], owners[shared])
-        counts = np.zeros(len(cells), dtype=np.int32)
-        counts[shared] = np.bincount(changes, minlength=len(shared))
+        shared = codes == SHARED
+        counts, seqs = shared_toggles(codes, was_owners[shared], owners[shared])
         c["toggle_counts"].extend(counts)
         c["toggle_seqs"].extend(seqs)
         c["events"].extend([FRAME_EVENTS.index(event)])
@@ -119,7 +114,7 @@ class Recorder:
         """(read_len, rows, [max_seqs] bool live, cells ascending, their [n] pos and [n,
         words] owners) of the cells the verbs touched since the last frame; every cell the
         first time and for a cache that does not say what its verbs touched."""
-        if event != "start" and hasattr(cache, "cells_state"):
+        if event != "start" and self._reads_touched:
             touched, self._touched = self._touched, []
             cells = np.unique(np.concatenate([np.zeros(0, np.int32), *touched]))
             live = np.zeros(self.config.max_seqs, dtype=bool)

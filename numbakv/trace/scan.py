@@ -199,11 +199,10 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, n_words: int) ->
         c = replay.changes(f)[0]  # ascending (trace checks)
         at = np.concatenate([c, (c + 1)[np.append(c[1:] != c[:-1] + 1, True)]])
         at = at[at < n_cells]
-        for sign in (-1, 1):
-            if sign == 1:
-                replay.apply(f)
-            _, seqs = owner_bits(owners[at] & ~owners[at - 1])
-            delta[f] += sign * np.bincount(seqs, minlength=max_seqs)[:max_seqs]
+        ended = owner_bits(owners[at] & ~owners[at - 1])[1]  # run starts before the frame
+        replay.apply(f)
+        began = owner_bits(owners[at] & ~owners[at - 1])[1]  # and after it
+        delta[f] = np.bincount(began, minlength=max_seqs) - np.bincount(ended, minlength=max_seqs)
     return np.cumsum(delta, axis=0).astype(np.int32)
 
 

@@ -26,18 +26,28 @@ def codes_and_toggles(config: CacheConfig, arrays: dict[str, np.ndarray]) -> dic
             f"max_seqs={config.max_seqs} need ({len(cells)}, {config.n_owner_words})"
         )
     codes = owner_codes(owners)
-    shared = np.flatnonzero(codes == SHARED)
+    shared = codes == SHARED
     previous = previous_changes({"delta_cells": cells})[shared]  # the same cell's change before
-    before = np.zeros((len(shared), owners.shape[1]), dtype=np.uint64)
+    before = np.zeros((len(previous), owners.shape[1]), dtype=np.uint64)
     before[previous >= 0] = owners[previous[previous >= 0]]
-    changes, seqs = flips(before, owners[shared])
-    counts = np.zeros(len(cells), dtype=np.int32)
-    counts[shared] = np.bincount(changes, minlength=len(shared))
+    counts, seqs = shared_toggles(codes, before, owners[shared])
     converted = {name: array for name, array in arrays.items() if name != "delta_owners"}
     converted["delta_codes"] = codes
     converted["toggle_counts"] = counts
     converted["toggle_seqs"] = seqs
     return converted
+
+
+def shared_toggles(
+    codes: np.ndarray, before: np.ndarray, after: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Format 3's `toggle_counts` ([n] int32) and `toggle_seqs` of changes with owner codes
+    `codes` ([n] int32), given the owners before and after each change to SHARED ([k,
+    words] uint64 each, those changes in order)."""
+    rows, seqs = flips(before, after)
+    counts = np.zeros(len(codes), dtype=np.int32)
+    counts[codes == SHARED] = np.bincount(rows, minlength=len(before))
+    return counts, seqs
 
 
 def flips(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
