@@ -9,16 +9,19 @@ mask pixel keeps how many of its (token, cell) pairs are attended, so one attend
 among thousands still lights its pixel.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Trace, TraceStep
-from numbakv.trace.scan import replay_codes
+from numbakv.trace.scan import owner_bits, replay_codes
 
 from .holders import CACHED, cell_changes
 from .owners import MIXED, Owners
+
+PAIRS_PER_BLOCK = 1 << 22  # a recorded mask's (token, cell) pairs enumerated at a time
 
 
 @dataclass(frozen=True)
@@ -221,19 +224,57 @@ def mask_pixels(
     step, window: int, cells: tuple[int, int], cell_bin: int, token_bin: int = 1
 ) -> MaskPixels:
     """Mask pixels of `step` (a live `Step` or a `TraceStep`) under `window` over cells
-    [cells[0], cells[1]): the step's own mask (docs/contract.md §3), binned. A recorded step's mask
-    is computed a block of tokens at a time, so memory stays O(tokens per block x
-    read_len) however large the pool."""
+    [cells[0], cells[1]): the step's own mask (docs/contract.md §3), binned. A live step's
+    mask is read from the step; a recorded step's is counted from each token's visible
+    slice, so it costs the pairs attended, not width x read_len."""
     token_edges, cell_edges = edges(0, step.width, token_bin), edges(*cells, cell_bin)
-    attended = np.zeros((len(token_edges) - 1, len(cell_edges) - 1), dtype=np.int64)
-    rows = max(1, (1 << 22) // max(step.read_len, 1) // token_bin) * token_bin  # ~4 M a block
-    live = None if isinstance(step, TraceStep) else np.asarray(step.mask(window))
-    for first in range(0, step.width, rows) if cells[1] > cells[0] else ():
-        tokens = slice(first, min(first + rows, step.width))
-        mask = step.mask(window, tokens) if live is None else live[tokens]
-        block = mask[:, cells[0] : cells[1]].astype(np.int64)
-        by_token = np.add.reduceat(block, np.arange(0, len(block), token_bin), axis=0)
-        attended[first // token_bin : first // token_bin + len(by_token)] = np.add.reduceat(
-            by_token, cell_edges[:-1] - cells[0], axis=1
-        )
+    shape = (len(token_edges) - 1, len(cell_edges) - 1)
+    if cells[1] <= cells[0]:
+        return MaskPixels(token_edges, cell_edges, np.zeros(shape, dtype=np.int64))
+    if isinstance(step, TraceStep):
+        attended = _attended_pairs(step, window, cells, cell_bin, token_bin, shape)
+    else:
+        block = np.asarray(step.mask(window))[:, cells[0] : cells[1]].astype(np.int64)
+        by_token = np.add.reduceat(block, token_edges[:-1], axis=0)
+        attended = np.add.reduceat(by_token, cell_edges[:-1] - cells[0], axis=1)
     return MaskPixels(token_edges, cell_edges, attended)
+
+
+def _attended_pairs(
+    step: TraceStep,
+    window: int,
+    cells: tuple[int, int],
+    cell_bin: int,
+    token_bin: int,
+    shape: tuple[int, int],
+) -> np.ndarray:
+    """[rows, cols] int64 attended pairs of a recorded step: the cells of [cells[0],
+    cells[1]) a token sees are, in its sequence's position order, one slice."""
+    lo, hi = cells
+    held, seqs = owner_bits(step.snapshot.owners[lo:hi])  # a free cell has no owner
+    # (sequence, position) keys sorted: each sequence's cells in position order
+    keys = (seqs << 32) + step.snapshot.pos[lo:hi][held]
+    order = np.argsort(keys, kind="stable")
+    keys, cols = keys[order], held[order] // cell_bin
+    seq, p = step.seq_ids.astype(np.int64), step.positions.astype(np.int64)
+    oldest = np.maximum(p - window + 1, 0) if window > 0 else np.zeros_like(p)
+    first = np.searchsorted(keys, (seq << 32) + oldest, side="left")
+    counts = np.where(seq >= 0, np.searchsorted(keys, (seq << 32) + p, side="right") - first, 0)
+    attended = np.zeros(shape[0] * shape[1], dtype=np.int64)
+    for tokens in _blocks(counts, PAIRS_PER_BLOCK):
+        n = counts[tokens]
+        pairs = np.arange(n.sum()) + np.repeat(first[tokens] - (np.cumsum(n) - n), n)
+        rows = np.repeat(np.arange(step.width)[tokens] // token_bin, n)
+        attended += np.bincount(rows * shape[1] + cols[pairs], minlength=attended.size)
+    return attended.reshape(shape)
+
+
+def _blocks(counts: np.ndarray, limit: int) -> Iterator[slice]:
+    """Consecutive slices of `counts` ([n] int64) summing to at most `limit` each (or one
+    element)."""
+    ends, start = np.cumsum(counts), 0
+    while start < len(counts):
+        base = ends[start - 1] if start else 0
+        stop = max(int(np.searchsorted(ends, base + limit, side="right")), start + 1)
+        yield slice(start, stop)
+        start = stop

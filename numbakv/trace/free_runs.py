@@ -1,12 +1,14 @@
 """The longest run of free cells, kept as cells change (numba-free): `FreeRuns`, a segment
-tree over the cells whose nodes hold the free run at their start, at their end and the
-longest inside. Changing k cells costs O(k log n), vectorized a tree level at a time, so a
-trace's largest free run per frame costs O(changes log cells), not O(frames x cells).
+tree over blocks of cells whose nodes hold the free run at their start, at their end and
+the longest inside. Changing k cells costs O(k + blocks changed x log n), vectorized a
+tree level at a time, so a trace's largest free run per frame costs O(changes log cells),
+not O(frames x cells).
 """
 
 import numpy as np
 
 HEAD, TAIL, BEST = 0, 1, 2  # a node's columns
+BLOCK = 64  # cells under a leaf: its runs come from its cells in one numpy pass
 FEW = 16  # nodes a level below which `set` climbs in Python
 
 
@@ -16,13 +18,15 @@ class FreeRuns:
     >>> runs = FreeRuns(8)
     >>> runs.set(np.arange(2, 7), np.ones(5, dtype=bool))
     >>> runs.set(np.array([4]), np.array([False]))
-    >>> runs.largest
-    2
+    >>> runs.largest, runs.longest()
+    (2, (2, 4))
     """
 
     def __init__(self, n_cells: int):
-        self.size = 1 << max(n_cells - 1, 0).bit_length()  # leaves: a power of two
-        # node i's children are 2i and 2i + 1; leaf c is node size + c; node 1 is the root.
+        n_blocks = -(-max(n_cells, 1) // BLOCK)
+        self.size = 1 << (n_blocks - 1).bit_length()  # leaves: a power of two
+        self.free = np.zeros((self.size, BLOCK), dtype=bool)  # [leaf, cell in it]
+        # node i's children are 2i and 2i + 1; leaf b is node size + b; node 1 is the root.
         # Per node: the free cells at its start (HEAD), at its end (TAIL), its longest run
         self.tree = np.zeros((2 * self.size, 3), dtype=np.int64)
         self._children = self.tree.reshape(self.size, 2, 3)  # [i]: nodes 2i, 2i + 1 at once
@@ -32,17 +36,44 @@ class FreeRuns:
         """The longest run of consecutive free cells."""
         return int(self.tree[1, BEST])
 
+    def longest(self) -> tuple[int, int]:
+        """[start, end) of the first longest run of free cells ((0, 0) when none is free)."""
+        tree, node, start = self.tree, 1, 0
+        span = self.size * BLOCK  # cells under `node`
+        best = int(tree[1, BEST])
+        if best == 0:
+            return 0, 0
+        while node < self.size:
+            span //= 2
+            left, right = tree[2 * node].tolist(), tree[2 * node + 1].tolist()
+            if left[BEST] == best:
+                node = 2 * node
+            elif left[TAIL] + right[HEAD] == best:  # across the middle
+                return start + span - left[TAIL], start + span - left[TAIL] + best
+            else:
+                node, start = 2 * node + 1, start + span
+        runs = _runs_ending(self.free[node - self.size][None])[0]
+        end = start + int(np.argmax(runs == best)) + 1  # the first run of `best` in the leaf
+        return end - best, end
+
     def set(self, cells: np.ndarray, free: np.ndarray) -> None:
         """Cells `cells` ([k] ints in [0, n_cells), ascending, no repeats) are free where
         `free` ([k] bool) is True, not free elsewhere."""
-        nodes = self.size + np.asarray(cells, dtype=np.int64)
-        flips = self.tree[nodes, BEST] != free  # only leaves that change move their ancestors
-        nodes = nodes[flips]
-        if nodes.size == 0:
+        cells, flat = np.asarray(cells, dtype=np.int64), self.free.reshape(-1)
+        flips = flat[cells] != free  # only cells that change move their leaves
+        if not flips.any():
             return
-        self.tree[nodes] = free[flips, None]
-        span = 1  # cells under a child at this level
-        while span < self.size:
+        flat[cells[flips]] = free[flips]
+        blocks = cells[flips] // BLOCK
+        blocks = blocks[np.append(True, blocks[1:] != blocks[:-1])]  # ascending, unique
+        runs = _runs_ending(self.free[blocks])
+        nodes = self.size + blocks
+        whole = runs[:, -1] == BLOCK
+        self.tree[nodes, HEAD] = np.where(whole, BLOCK, np.argmin(self.free[blocks], axis=1))
+        self.tree[nodes, TAIL] = runs[:, -1]
+        self.tree[nodes, BEST] = runs.max(axis=1)
+        span = BLOCK  # cells under a child at this level
+        while span < self.size * BLOCK:
             if len(nodes) <= FEW:
                 return self._climb(nodes.tolist(), span)
             nodes = nodes >> 1
@@ -61,7 +92,7 @@ class FreeRuns:
     def _climb(self, nodes: list[int], span: int) -> None:
         """`set`'s climb for a few nodes, in Python ints: cheaper than numpy calls there."""
         tree = self.tree
-        while span < self.size:
+        while span < self.size * BLOCK:
             nodes = sorted({node >> 1 for node in nodes})
             for node in nodes:
                 lh, lt, lb, rh, rt, rb = tree[2 * node : 2 * node + 2].ravel().tolist()
@@ -71,3 +102,10 @@ class FreeRuns:
                     max(lb, rb, lt + rh),
                 )
             span *= 2
+
+
+def _runs_ending(free: np.ndarray) -> np.ndarray:
+    """[k, BLOCK] int64: the free run ending at each cell of `free` ([k, BLOCK] bool blocks),
+    0 at a cell that is not free."""
+    at = np.arange(BLOCK)
+    return at - np.maximum.accumulate(np.where(free, -1, at), axis=1)

@@ -157,6 +157,34 @@ class TableReplay:
         return cells
 
 
+def table_at(
+    arrays: dict[str, np.ndarray], frame: int, n_cells: int, n_words: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """([n_cells] int32 pos, [n_cells, words] uint64 owners) of a checked trace's table after
+    `frame`, from all the changes up to it at once: a cell's last change gives its
+    position; its owners are its last plain change's (one id or none) with the toggles of
+    its changes since then flipped, what `TableReplay` reaches frame by frame."""
+    a, n = arrays, int(arrays["delta_offsets"][frame + 1])
+    cells, codes, every = a["delta_cells"][:n], a["delta_codes"][:n], np.arange(n)
+    pos, owners = np.full(n_cells, -1, dtype=np.int32), np.zeros((n_cells, n_words), np.uint64)
+    last, plain = np.full(n_cells, -1, dtype=np.int64), np.full(n_cells, -1, dtype=np.int64)
+    np.maximum.at(last, cells, every)
+    changed = np.flatnonzero(last >= 0)
+    pos[changed] = a["delta_pos"][last[changed]]
+    np.maximum.at(plain, cells[codes != SHARED], every[codes != SHARED])
+    held = np.flatnonzero(plain >= 0)
+    held, code = held[codes[plain[held]] >= 0], codes[plain[held]][codes[plain[held]] >= 0]
+    owners[held, code // 64] = np.left_shift(np.uint64(1), (code % 64).astype(np.uint64))
+    counts = a["toggle_counts"][:n]
+    toggled = np.repeat(every, counts)
+    seqs = a["toggle_seqs"][: len(toggled)].astype(np.int64)
+    seqs = np.where(seqs >= 0, seqs, ~seqs)
+    since = toggled > plain[cells[toggled]]  # toggles after the cell's last plain change
+    bits = np.left_shift(np.uint64(1), (seqs[since] % 64).astype(np.uint64))
+    np.bitwise_xor.at(owners, (cells[toggled[since]], seqs[since] // 64), bits)
+    return pos, owners
+
+
 def replay_table(
     arrays: dict[str, np.ndarray], n_cells: int, n_words: int
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
@@ -175,13 +203,25 @@ def largest_free_run(arrays: dict[str, np.ndarray]) -> np.ndarray:
     rows = arrays["rows"]
     n_cells = int(rows.max(initial=0))
     out = np.zeros(len(rows), dtype=np.int64)
-    runs, allocated = FreeRuns(n_cells), 0  # a cell past the rows is not free for placement
+    runs, allocated = FreeRuns(n_cells), 0
+    free = np.zeros(n_cells, dtype=bool)  # a cell past the rows is not free for placement
+    pending, best = [], (0, 0)  # cells not yet set in `runs`; [start, end) of a longest run
     for f, codes, changed in replay_codes(arrays, n_cells):
         grown = np.arange(allocated, rows[f])  # rows never shrink (`checks`)
         cells = np.concatenate([changed[changed < allocated], grown])  # ascending
-        runs.set(cells, codes[cells] == FREE)
-        allocated = max(allocated, int(rows[f]))
-        out[f] = runs.largest
+        now = codes[cells] == FREE
+        taken = cells[free[cells] & ~now]
+        freed = (now & ~free[cells]).any()
+        free[cells], allocated = now, max(allocated, int(rows[f]))
+        pending.append(cells)
+        # the longest run grows only when a cell is freed and shrinks only when one of its
+        # own is taken: otherwise it stands, and the tree waits
+        if freed or ((taken >= best[0]) & (taken < best[1])).any():
+            cells = np.sort(np.concatenate(pending))
+            cells = cells[np.append(True, cells[1:] != cells[:-1])]
+            runs.set(cells, free[cells])
+            pending, best = [], runs.longest()
+        out[f] = best[1] - best[0]
     return out
 
 
@@ -199,10 +239,13 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, n_words: int) ->
         c = replay.changes(f)[0]  # ascending (trace checks)
         at = np.concatenate([c, (c + 1)[np.append(c[1:] != c[:-1] + 1, True)]])
         at = at[at < n_cells]
-        ended = owner_bits(owners[at] & ~owners[at - 1])[1]  # run starts before the frame
+        before = owners[at] & ~owners[at - 1]  # the run starts there before the frame
         replay.apply(f)
-        began = owner_bits(owners[at] & ~owners[at - 1])[1]  # and after it
-        delta[f] = np.bincount(began, minlength=max_seqs) - np.bincount(ended, minlength=max_seqs)
+        rows, seqs = owner_bits(np.concatenate([before, owners[at] & ~owners[at - 1]]))
+        after = rows >= len(at)
+        delta[f] = np.bincount(seqs[after], minlength=max_seqs) - np.bincount(
+            seqs[~after], minlength=max_seqs
+        )
     return np.cumsum(delta, axis=0).astype(np.int32)
 
 
@@ -222,6 +265,8 @@ def bit_pairs(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # a power of two is exact in float64, so its log2 is its bit
     pairs = [(single, np.log2(words[single].astype(np.float64)).astype(np.int64))]
     several = np.flatnonzero(words & (words - one) != 0)
+    if several.size == 0:
+        return pairs[0]
     for first in range(0, len(several), 1 << 16):  # unpacked 64 bytes per word: in chunks
         chunk = several[first : first + (1 << 16)]
         bits = np.unpackbits(words[chunk].view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")

@@ -1,7 +1,8 @@
 """The recorder reads only the cells the table says its verbs touched: its frames, decoded,
 are exactly the changes between whole snapshots of the table taken after each recorded
 verb (what 0.11.0's recorder stored, comparing the whole table), on random workloads with
-every verb, for both caches."""
+every verb, for both caches; and so is each frame's table built from every change up to it
+at once (`Trace.snapshot`)."""
 
 import numpy as np
 import pytest
@@ -72,6 +73,10 @@ def assert_frames_are_the_snapshot_changes(recorder: Recorder, expect: Snapshots
         assert (replay.pos[n:] == -1).all()
         assert arrays["read_len"][f] == n and arrays["rows"][f] == snap.rows
         np.testing.assert_array_equal(arrays["live"][f], snap.live)
+        at = trace.snapshot(f)  # from every change up to f at once (`scan.table_at`)
+        assert (at.read_len, at.rows) == (n, snap.rows)
+        np.testing.assert_array_equal(at.pos, snap.pos)
+        np.testing.assert_array_equal(at.owners, snap.owners)
         before = snap
 
 

@@ -9,7 +9,6 @@ from numbakv.reference import CellCache
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace import Recorder
 from numbakv.viz import (
-    mask_pixels,
     owner_pixels,
     owners_of,
     plot_all,
@@ -353,33 +352,6 @@ def test_annotations_after_the_last_step_are_drawn_and_counted(annotated):
     zoomed = plot_metrics(annotated, steps=(0, 2))
     ticks = [t.get_text() for t in zoomed.axes[3].get_yticklabels()]
     assert ticks[:2] == ["admit (1 of 2)", "fork (1)"]
-
-
-@pytest.mark.parametrize(
-    ("window", "cells", "cell_bin", "token_bin"),
-    [(0, (0, 40), 1, 1), (2, (3, 31), 4, 2), (3, (10, 12), 1, 3)],
-)
-def test_a_recorded_steps_mask_pixels_are_its_mask_binned(window, cells, cell_bin, token_bin):
-    cache = CellCache(small_config(n_layers=3, windows=(0, 2, 3), capacity=64, max_width=8))
-    recorder = Recorder(cache)
-    a, b = cache.seq_new(), cache.seq_new()
-    for ids in ([a] * 5 + [b] * 3, [a, b, b, a], [b] * 6):
-        step_with(cache, ids)
-    c = cache.seq_clone(a, upto=3)
-    live = step_with(cache, [a, c, b, c, c], width=7)
-    trace = recorder.trace()
-    step = trace.step(trace.step_frames[-1])
-    np.testing.assert_array_equal(step.mask(window), live.mask(window))
-    hi = min(cells[1], step.read_len)
-    pixels = mask_pixels(step, window, (cells[0], hi), cell_bin, token_bin)
-    mask = step.mask(window)[:, cells[0] : hi].astype(np.int64)
-    rows = np.add.reduceat(mask, np.arange(0, step.width, token_bin), axis=0)
-    np.testing.assert_array_equal(
-        pixels.attended, np.add.reduceat(rows, np.arange(0, hi - cells[0], cell_bin), axis=1)
-    )
-    np.testing.assert_array_equal(
-        mask_pixels(live, window, (cells[0], hi), cell_bin, token_bin).attended, pixels.attended
-    )
 
 
 def test_ranges_no_sequence_holds_alone_are_drawn():
