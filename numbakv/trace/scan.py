@@ -173,7 +173,8 @@ def table_at(
     pos[changed] = a["delta_pos"][last[changed]]
     np.maximum.at(plain, cells[codes != SHARED], every[codes != SHARED])
     held = np.flatnonzero(plain >= 0)
-    held, code = held[codes[plain[held]] >= 0], codes[plain[held]][codes[plain[held]] >= 0]
+    code = codes[plain[held]]
+    held, code = held[code >= 0], code[code >= 0]  # FREE leaves no owner
     owners[held, code // 64] = np.left_shift(np.uint64(1), (code % 64).astype(np.uint64))
     counts = a["toggle_counts"][:n]
     toggled = np.repeat(every, counts)
