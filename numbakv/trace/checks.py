@@ -17,7 +17,7 @@ from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
 from numbakv.snapshot import FREE, SHARED
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
-from numbakv.trace.scan import TableReplay, owner_bits
+from numbakv.trace.scan import TableReplay, id_bits, owner_bits
 
 
 def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
@@ -180,23 +180,18 @@ class _Replay:
         cells, pos, new = table.changes(f)
         if (i := _first(cells[1:] <= cells[:-1])) is not None:
             raise TraceError(f"frame {f} lists cell {cells[i + 1]} out of order or twice")
-        rows, words, bits, gained = table.toggles(f)
+        rows, ids, gained = table.toggles(f)
         old = codes[cells]
-        if (
-            i := _first(
-                np.diff(rows * self.config.max_seqs + words * 64 + np.log2(bits.astype(np.float64)))
-                <= 0
-            )
-        ) is not None:
+        if (i := _first(np.diff(rows * self.config.max_seqs + ids) <= 0)) is not None:
             raise TraceError(
                 f"frame {f} flips an owner of cell {cells[rows[i + 1]]} out of order or twice"
             )
+        words, bits = id_bits(ids)
         had = (table.owners[cells[rows], words] & bits) != 0
         if (t := _first(had == gained)) is not None:
-            seq = int(64 * words[t] + np.log2(float(bits[t])))
             raise TraceError(
                 f"frame {f} {'gives' if gained[t] else 'takes'} cell {cells[rows[t]]} owner "
-                f"{seq}, which it {'has' if had[t] else 'lacks'} already"
+                f"{ids[t]}, which it {'has' if had[t] else 'lacks'} already"
             )
         flipped = np.zeros(len(cells), dtype=bool)
         flipped[rows] = True
@@ -209,10 +204,7 @@ class _Replay:
         self.owned -= np.bincount(old[plain & (old >= 0)], minlength=n_ids)
         self.owned -= _id_counts(table.owners[cells[plain & (old == SHARED)]], n_ids)
         self.owned += np.bincount(new[plain & (new >= 0)], minlength=n_ids)
-        seqs = (64 * words + np.log2(bits.astype(np.float64))).astype(np.int64)
-        self.owned += np.bincount(seqs, np.where(gained, 1, -1), self.config.max_seqs).astype(
-            np.int64
-        )
+        self.owned += np.bincount(ids, np.where(gained, 1, -1), n_ids).astype(np.int64)
         table.apply(f)
         codes[cells] = new
         self._check_shared(f, cells[~plain])

@@ -131,28 +131,25 @@ class TableReplay:
         return a["delta_cells"][changed], a["delta_pos"][changed], a["delta_codes"][changed]
 
     def toggles(self, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row of the frame's change int64, word int64, bit uint64, gained bool) of each of
-        frame `f`'s toggles."""
+        """(row of the frame's change int64, id int64, gained bool) of each of frame `f`'s
+        toggles."""
         a, t, offsets = self.arrays, self.toggle_offsets, self.arrays["delta_offsets"]
-        seqs = a["toggle_seqs"][t[f] : t[f + 1]].astype(np.int64)
-        gained = seqs >= 0
-        seqs = np.where(gained, seqs, ~seqs)
+        ids, gained = toggle_ids(a["toggle_seqs"][t[f] : t[f + 1]])
         counts = a["toggle_counts"][offsets[f] : offsets[f + 1]]
-        rows = np.repeat(np.arange(len(counts)), counts)
-        return rows, seqs // 64, np.left_shift(np.uint64(1), (seqs % 64).astype(np.uint64)), gained
+        return np.repeat(np.arange(len(counts)), counts), ids, gained
 
     def apply(self, f: int) -> np.ndarray:
         """Applies frame `f`'s changes; returns its changed cells."""
         cells, pos, codes = self.changes(f)
-        rows, words, bits, _ = self.toggles(f)
+        rows, ids, _ = self.toggles(f)
         self.pos[cells] = pos
         plain = codes != SHARED
         plain_cells, plain_codes = cells[plain], codes[plain]
         self.owners[plain_cells] = 0
         alone = plain_codes >= 0
-        self.owners[plain_cells[alone], plain_codes[alone] // 64] = np.left_shift(
-            np.uint64(1), (plain_codes[alone] % 64).astype(np.uint64)
-        )
+        words, bits = id_bits(plain_codes[alone])
+        self.owners[plain_cells[alone], words] = bits
+        words, bits = id_bits(ids)
         np.bitwise_xor.at(self.owners, (cells[rows], words), bits)
         return cells
 
@@ -175,15 +172,28 @@ def table_at(
     held = np.flatnonzero(plain >= 0)
     code = codes[plain[held]]
     held, code = held[code >= 0], code[code >= 0]  # FREE leaves no owner
-    owners[held, code // 64] = np.left_shift(np.uint64(1), (code % 64).astype(np.uint64))
-    counts = a["toggle_counts"][:n]
-    toggled = np.repeat(every, counts)
-    seqs = a["toggle_seqs"][: len(toggled)].astype(np.int64)
-    seqs = np.where(seqs >= 0, seqs, ~seqs)
+    words, bits = id_bits(code)
+    owners[held, words] = bits
+    toggled = np.repeat(every, a["toggle_counts"][:n])
+    ids = toggle_ids(a["toggle_seqs"][: len(toggled)])[0]
     since = toggled > plain[cells[toggled]]  # toggles after the cell's last plain change
-    bits = np.left_shift(np.uint64(1), (seqs[since] % 64).astype(np.uint64))
-    np.bitwise_xor.at(owners, (cells[toggled[since]], seqs[since] // 64), bits)
+    words, bits = id_bits(ids[since])
+    np.bitwise_xor.at(owners, (cells[toggled[since]], words), bits)
     return pos, owners
+
+
+def toggle_ids(toggle_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([n] int64 id, [n] bool gained) of toggles as stored (s: gains s, ~s: loses s)."""
+    seqs = np.asarray(toggle_seqs, dtype=np.int64)
+    gained = seqs >= 0
+    return np.where(gained, seqs, ~seqs), gained
+
+
+def id_bits(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([n] int64 word, [n] uint64 mask) of each id in an owner bitset: id i is bit i % 64
+    of word i // 64."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return ids // 64, np.left_shift(np.uint64(1), (ids % 64).astype(np.uint64))
 
 
 def replay_table(

@@ -10,7 +10,7 @@ import numpy as np
 from numbakv.config import CacheConfig
 from numbakv.errors import TraceError
 from numbakv.snapshot import SHARED, owner_codes
-from numbakv.trace.scan import bit_pairs, previous_changes
+from numbakv.trace.scan import bit_pairs, previous_changes, toggle_ids
 
 
 def codes_and_toggles(config: CacheConfig, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -65,5 +65,5 @@ def flips(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             seqs.append(64 * word + bit if gained else ~(64 * word + bit))
     rows = np.concatenate([np.zeros(0, np.int64), *rows])
     seqs = np.concatenate([np.zeros(0, np.int64), *seqs])
-    order = np.lexsort((np.where(seqs < 0, ~seqs, seqs), rows))
+    order = np.lexsort((toggle_ids(seqs)[0], rows))
     return rows[order], seqs[order].astype(np.int32)
