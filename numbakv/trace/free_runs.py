@@ -1,8 +1,9 @@
 """The longest run of free cells, kept as cells change (numba-free): `FreeRuns`, a segment
 tree over blocks of cells whose nodes hold the free run at their start, at their end and
-the longest inside. Changing k cells costs O(k + blocks changed x log n), vectorized a
-tree level at a time, so a trace's largest free run per frame costs O(changes log cells),
-not O(frames x cells).
+the longest inside. The tree is brought up to date only when the longest run can change;
+then changing k cells costs O(k + blocks changed x log n), vectorized a tree level at a
+time, so a trace's largest free run per frame costs O(changes log cells), not O(frames x
+cells).
 """
 
 import numpy as np
@@ -30,14 +31,38 @@ class FreeRuns:
         # Per node: the free cells at its start (HEAD), at its end (TAIL), its longest run
         self.tree = np.zeros((2 * self.size, 3), dtype=np.int64)
         self._children = self.tree.reshape(self.size, 2, 3)  # [i]: nodes 2i, 2i + 1 at once
+        self._stale: list[np.ndarray] = []  # blocks changed since the tree was brought up
+        self._best = (0, 0)  # [start, end) of the first longest run
 
     @property
     def largest(self) -> int:
         """The longest run of consecutive free cells."""
-        return int(self.tree[1, BEST])
+        return self._best[1] - self._best[0]
 
     def longest(self) -> tuple[int, int]:
         """[start, end) of the first longest run of free cells ((0, 0) when none is free)."""
+        return self._best
+
+    def set(self, cells: np.ndarray, free: np.ndarray) -> None:
+        """Cells `cells` ([k] ints in [0, n_cells), ascending, no repeats) are free where
+        `free` ([k] bool) is True, not free elsewhere."""
+        cells, flat = np.asarray(cells, dtype=np.int64), self.free.reshape(-1)
+        flips = flat[cells] != free  # only cells that change move their leaves
+        if not flips.any():
+            return
+        cells, freed = cells[flips], free[flips]
+        flat[cells] = freed
+        self._stale.append(_distinct(cells // BLOCK))
+        taken = cells[~freed]
+        start, end = self._best
+        # the longest run grows only when a cell is freed and shrinks only when one of its
+        # own is taken: otherwise it stands (and stays the first), and the tree waits
+        if freed.any() or ((taken >= start) & (taken < end)).any():
+            self._update(_distinct(np.sort(np.concatenate(self._stale))))
+            self._stale, self._best = [], self._find_longest()
+
+    def _find_longest(self) -> tuple[int, int]:
+        """[start, end) of the first longest run, down the tree from the root."""
         tree, node, start = self.tree, 1, 0
         span = self.size * BLOCK  # cells under `node`
         best = int(tree[1, BEST])
@@ -56,28 +81,20 @@ class FreeRuns:
         end = start + int(np.argmax(runs == best)) + 1  # the first run of `best` in the leaf
         return end - best, end
 
-    def set(self, cells: np.ndarray, free: np.ndarray) -> None:
-        """Cells `cells` ([k] ints in [0, n_cells), ascending, no repeats) are free where
-        `free` ([k] bool) is True, not free elsewhere."""
-        cells, flat = np.asarray(cells, dtype=np.int64), self.free.reshape(-1)
-        flips = flat[cells] != free  # only cells that change move their leaves
-        if not flips.any():
-            return
-        flat[cells[flips]] = free[flips]
-        blocks = cells[flips] // BLOCK
-        blocks = blocks[np.append(True, blocks[1:] != blocks[:-1])]  # ascending, unique
-        runs = _runs_ending(self.free[blocks])
+    def _update(self, blocks: np.ndarray) -> None:
+        """Leaves `blocks` (ascending, distinct) from their cells, then their ancestors."""
+        block_free = self.free[blocks]
+        runs = _runs_ending(block_free)
         nodes = self.size + blocks
         whole = runs[:, -1] == BLOCK
-        self.tree[nodes, HEAD] = np.where(whole, BLOCK, np.argmin(self.free[blocks], axis=1))
+        self.tree[nodes, HEAD] = np.where(whole, BLOCK, np.argmin(block_free, axis=1))
         self.tree[nodes, TAIL] = runs[:, -1]
         self.tree[nodes, BEST] = runs.max(axis=1)
         span = BLOCK  # cells under a child at this level
         while span < self.size * BLOCK:
             if len(nodes) <= FEW:
                 return self._climb(nodes.tolist(), span)
-            nodes = nodes >> 1
-            nodes = nodes[np.append(True, nodes[1:] != nodes[:-1])]  # ascending stays unique
+            nodes = _distinct(nodes >> 1)
             kids = self._children[nodes]  # [k, 2 (left, right), 3]
             left, right = kids[:, 0], kids[:, 1]
             up = np.empty((len(nodes), 3), dtype=np.int64)
@@ -90,7 +107,7 @@ class FreeRuns:
             span *= 2
 
     def _climb(self, nodes: list[int], span: int) -> None:
-        """`set`'s climb for a few nodes, in Python ints: cheaper than numpy calls there."""
+        """`_update`'s climb for a few nodes, in Python ints: cheaper than numpy calls there."""
         tree = self.tree
         while span < self.size * BLOCK:
             nodes = sorted({node >> 1 for node in nodes})
@@ -109,3 +126,8 @@ def _runs_ending(free: np.ndarray) -> np.ndarray:
     0 at a cell that is not free."""
     at = np.arange(BLOCK)
     return at - np.maximum.accumulate(np.where(free, -1, at), axis=1)
+
+
+def _distinct(ascending: np.ndarray) -> np.ndarray:
+    """`ascending` ([k] ints, sorted) without repeats."""
+    return ascending[np.append(True, ascending[1:] != ascending[:-1])]

@@ -214,25 +214,13 @@ def largest_free_run(arrays: dict[str, np.ndarray]) -> np.ndarray:
     rows = arrays["rows"]
     n_cells = int(rows.max(initial=0))
     out = np.zeros(len(rows), dtype=np.int64)
-    runs, allocated = FreeRuns(n_cells), 0
-    free = np.zeros(n_cells, dtype=bool)  # a cell past the rows is not free for placement
-    pending, best = [], (0, 0)  # cells not yet set in `runs`; [start, end) of a longest run
+    runs, allocated = FreeRuns(n_cells), 0  # a cell past the rows is not free for placement
     for f, codes, changed in replay_codes(arrays, n_cells):
         grown = np.arange(allocated, rows[f])  # rows never shrink (`checks`)
         cells = np.concatenate([changed[changed < allocated], grown])  # ascending
-        now = codes[cells] == FREE
-        taken = cells[free[cells] & ~now]
-        freed = (now & ~free[cells]).any()
-        free[cells], allocated = now, max(allocated, int(rows[f]))
-        pending.append(cells)
-        # the longest run grows only when a cell is freed and shrinks only when one of its
-        # own is taken: otherwise it stands, and the tree waits
-        if freed or ((taken >= best[0]) & (taken < best[1])).any():
-            cells = np.sort(np.concatenate(pending))
-            cells = cells[np.append(True, cells[1:] != cells[:-1])]
-            runs.set(cells, free[cells])
-            pending, best = [], runs.longest()
-        out[f] = best[1] - best[0]
+        runs.set(cells, codes[cells] == FREE)
+        allocated = max(allocated, int(rows[f]))
+        out[f] = runs.largest
     return out
 
 

@@ -1,7 +1,8 @@
-"""`FreeRuns` (the largest free run kept as cells change) against a scan of every cell, on
-random and adversarial changes: few cells at a time (its Python climb) and many (numpy);
-and a trace's largest free run per frame (which sets the tree only when the run can
-change) against a scan of each frame's table, on random workloads."""
+"""`FreeRuns` (the largest free run kept as cells change, its tree brought up to date only
+when that run can change) against a scan of every cell after every change, on random and
+adversarial changes: few cells at a time (its Python climb) and many (numpy); and a
+trace's largest free run per frame against a scan of each frame's table, on random
+workloads."""
 
 from unittest.mock import patch
 
