@@ -1,10 +1,12 @@
 """`python -m benchmarks.gpu_check --sim`: the one command for a GPU, run with tiny shapes on
 the simulator so that it cannot rot. It must exit 0 and print its table: every part's row,
-every attention case timed and equal to the solo oracle within TOLERANCE["float32"] (the
-kernels compute in float32), the decode step timed. The launch budget is left out there
+a decode attention row per storage format and GQA group (float16 in both modes) and the
+prefill row, each timed and equal to the solo oracle over the K/V as stored within
+TOLERANCE["float32"] (the kernels compute in float32), the kernel each plan picked named,
+the decode step timed. The launch budget is left out there
 (`--skip`: tests/cache/test_launch_budget.py holds the same rules); the parts that run only
-on a GPU are checked here through their helpers: the subprocess runner and the reading of
-pytest's output."""
+on a GPU are checked here through their helpers: the subprocess runner, the reading of
+pytest's output, and the "model" cell kernel_cost's estimate gives (or why not)."""
 
 import os
 import re
@@ -17,7 +19,14 @@ import pytest
 from numbakv.config import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ["part", "case", "us", "GB/s", "of copy", "sdpa us", "sdpa err", "err", "result"]
+COLUMNS = ["part", "case", "us", "GB/s", "of copy", "TFLOP/s", "model", "sdpa us", "sdpa rate",
+           "sdpa err", "err", "result"]  # fmt: skip
+FORMATS = ("float16", "bfloat16", "float32", "q8_0", "q4_0", "fp8_e4m3")
+# what the attention part must launch on the simulator (head_dim 32): a decode kernel per
+# storage format, gathered (and masked for float16), and the prefill kernel
+DECODE_KERNELS = {"float16": "decode_d32", "bfloat16": "decode_bf16_d32",
+                  "float32": "decode_d32", "q8_0": "decode_q8_0_d32",
+                  "q4_0": "decode_q4_0_d32", "fp8_e4m3": "decode_fp8_e4m3_d32"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +77,61 @@ def test_every_part_has_a_row(table):
     assert all(not row["result"].startswith("FAIL") for row in table)
 
 
-def test_every_attention_case_is_timed_and_equals_the_solo_oracle(table):
-    # the simulator's shapes: one case of 2 sequences x 64 cells, GQA 4 and 2, two modes
-    rows = rows_of(table, "attention")
-    expect = {f"{mode} 2x64 gqa{group}" for mode in ("gathered", "masked") for group in (4, 2)}
-    assert {row["case"] for row in rows} == expect
+def test_every_decode_format_is_timed_and_equals_the_solo_oracle(table):
+    # the simulator's shapes: 2 sequences x 32 cells, GQA 4 and 2, every storage format
+    # gathered, float16 masked too; then the prefill row
+    rows = [row for row in rows_of(table, "attention") if not row["case"].startswith("prefill")]
+    expect = [
+        f"{mode} {fmt} 2x32 gqa{group}"
+        for fmt in FORMATS
+        for group in (4, 2)
+        for mode in (("gathered", "masked") if fmt == "float16" else ("gathered",))
+    ]
+    assert [row["case"] for row in rows] == expect
     for row in rows:
         assert float(row["us"]) > 0, row
         assert float(row["GB/s"]) > 0, row
         assert float(row["of copy"]) > 0, row  # the copy ran first and was measured
         assert 0 <= float(row["err"]) <= TOLERANCE["float32"], row
         assert row["result"] == "ok", row
-        assert row["sdpa us"] == "skipped (sim)", row
+        assert row["model"] == "sim", row  # kernel_cost is left out of --sim
+        assert row["TFLOP/s"] == "-", row
+        sdpa = "skipped (sim)" if row["case"].split()[1] in ("float16", "bfloat16") else "-"
+        assert row["sdpa us"] == sdpa, row
+
+
+def test_the_bytes_are_the_formats_own(table):
+    # one launch each: the time differs, so compare GB/s x us, the bytes the tokens see:
+    # 2 tokens x 32 cells x 2 KV heads x (K and V) x head_bytes(fmt, 32)
+    head_bytes = {"float16": 64, "bfloat16": 64, "float32": 128, "q8_0": 34, "q4_0": 18,
+                  "fp8_e4m3": 32}  # fmt: skip
+    for row in rows_of(table, "attention"):
+        if not row["case"].startswith("prefill"):
+            fmt = row["case"].split()[1]
+            n_bytes = float(row["GB/s"]) * 1e9 * float(row["us"]) / 1e6
+            assert n_bytes == pytest.approx(2 * 32 * 2 * 2 * head_bytes[fmt], rel=1e-3), row
+
+
+def test_the_prefill_step_is_timed_in_flop_and_equals_the_solo_oracle(table):
+    # 2 sequences x 16 new tokens in one step, GQA 4 over 2 KV heads, head_dim 32
+    (row,) = [row for row in rows_of(table, "attention") if row["case"].startswith("prefill")]
+    assert row["case"] == "prefill gathered float16 2x16 gqa4"
+    assert row["result"] == "ok", row
+    assert 0 <= float(row["err"]) <= TOLERANCE["float32"], row
+    assert (row["GB/s"], row["model"], row["sdpa us"]) == ("-", "sim", "skipped (sim)"), row
+    flop = 4 * 32 * 8 * 2 * (16 * 17 // 2)  # 4 x head_dim x n_heads x visible cells
+    assert float(row["TFLOP/s"]) * 1e12 * float(row["us"]) / 1e6 == pytest.approx(flop, rel=1e-3)
+
+
+def test_the_kernel_each_plan_picked_is_named(sim_run):
+    attention = sim_run.stdout.split("== attention", 1)[1].split("== decode step", 1)[0]
+    for fmt, kernel in DECODE_KERNELS.items():
+        line = next(ln for ln in attention.splitlines() if ln.startswith(f"  {fmt}: 2 x 31"))
+        for group in (4, 2):
+            assert f"gqa{group} gathered attend_gathered_{kernel}" in line, line
+            if fmt == "float16":
+                assert f"gqa{group} masked attend_masked_{kernel}" in line, line
+    assert re.search(r"^  prefill: .* kernel attend_gathered_prefill\w*$", attention, re.M)
 
 
 def test_the_copy_and_the_decode_step_are_timed(table):
@@ -133,3 +185,45 @@ def test_pytest_counts_from_the_summary_or_from_the_progress(commands):
     assert commands.pytest_counts(finished) == "1 failed, 3 passed, 1 skipped"
     cut_off = "........F.  [ 40%]\n...s"
     assert commands.pytest_counts(cut_off) == "12 passed, 1 failed, 1 skipped"
+
+
+@pytest.fixture(scope="module")
+def estimate():
+    """benchmarks.gpu_check.estimate, of this checkout."""
+    from benchmarks.gpu_check import estimate
+
+    assert Path(estimate.__file__).parent == ROOT / "benchmarks" / "gpu_check", estimate.__file__
+    return estimate
+
+
+def test_the_model_cell_is_in_the_rows_unit(estimate):
+    decode = {"name": "m.attend_gathered_decode_d128", "bandwidth_ceiling": 2.5e12,
+              "flop_ceiling": None}  # fmt: skip
+    prefill = {"name": "m.attend_gathered_prefill", "bandwidth_ceiling": None, "flop_ceiling": 7e12}
+    assert estimate.model_cell(decode, "TB/s", 8.0) == ("2.50 TB/s", None)
+    assert estimate.model_cell(decode, "TF/s", 8.0) == ("20.00 TF/s (kernel: 2.50 TB/s)", None)
+    assert estimate.model_cell(prefill, "TF/s", 4.0) == ("7.00 TF/s", None)
+    assert estimate.model_cell(prefill, "TB/s", 4.0) == ("1.75 TB/s (kernel: 7.00 TF/s)", None)
+    cell, why = estimate.model_cell({**prefill, "flop_ceiling": None}, "TF/s", 4.0)
+    assert cell == "n/a" and "attend_gathered_prefill" in why
+    labels = [estimate.pools_label(fmt) for fmt in FORMATS]  # as kernel_cost labels signatures
+    assert labels == ["f16/f16", "u16/u16", "f32/f32", "u8/u8", "u8/u8", "u8/u8"]
+
+
+def test_without_ptxas_the_model_says_n_a_and_why(estimate, monkeypatch):
+    from benchmarks.gpu_check.run import GPU_SHAPES, Run
+    from benchmarks.kernel_cost import tools
+
+    def missing(name):
+        raise tools.ToolMissing(f"no {name} found")
+
+    monkeypatch.setattr(tools, "find_tool", missing)
+    run = Run(is_sim=False, shapes=GPU_SHAPES)
+    estimates = estimate.Estimates(run)
+    estimates.want(["attend_gathered_prefill"])  # starts nothing: no tools
+    row = run.add("attention", "prefill")
+    estimates.attach(row, "attend_gathered_prefill", "float16", "TF/s", 100.0)
+    assert row[COLUMNS.index("model")] == "pending"
+    estimates.fill(run)
+    assert row[COLUMNS.index("model")] == "n/a"
+    assert run.notes == ["model n/a: no ptxas found"]

@@ -71,12 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     spent = ", ".join(f"{name} {s:.1f}" for name, s in run.seconds.items())
     total = time.perf_counter() - run.started
     print(f"  seconds: {spent}; total {total:.1f} (limit {LIMIT_S} on a GPU)")
-    print(f"  us: median of {run.shapes.repeat} launches (attention), of "
-          f"{run.shapes.decode_steps} steps (decode step, model graphs); GB/s: K/V bytes "
-          "the tokens see / time (copy: read + written); of copy: that / the copy's GB/s; "
-          "masked: the step's mask written once before the timed launches; err: max "
-          f"|numbakv - solo oracle| (<= {ERR_BOUND}); sdpa err: max |torch (q in float16) - "
-          "numbakv|")  # fmt: skip
+    print(f"  us: median of {run.shapes.repeat} launches (attention decode), of "
+          f"{run.shapes.prefill_repeat} (prefill), of {run.shapes.decode_steps} steps (decode "
+          "step, model graphs); GB/s: K/V bytes the tokens see in the row's storage format "
+          "(formats.head_bytes: scales included) / time (copy: read + written); of copy: that "
+          "/ the copy's GB/s; TFLOP/s: 4 x head_dim x n_heads x cells each token sees, summed, "
+          "/ time; model: benchmarks.kernel_cost's ceiling of the kernel the plan picked (its "
+          "hot loop's warp-instructions at 1.0e12/s; a prefill kernel's FLOP/s in a decode "
+          "row as bytes/s through the row's FLOP per byte); masked: the step's mask written "
+          f"once before the timed launches; err: max |numbakv - solo oracle over the K/V as "
+          f"stored| (<= {ERR_BOUND}); sdpa: torch's scaled_dot_product_attention on dense "
+          "float16 / bfloat16 copies (q rounded to them), its rate over the same bytes or "
+          "FLOP; sdpa err: max |torch - numbakv|")  # fmt: skip
+    for note in run.notes:
+        print(f"  {note}")
     failed = run.failed
     print(f"  result: {'FAILED: ' + ', '.join(failed) if failed else 'ok'}")
     return 1 if failed else 0

@@ -1,5 +1,6 @@
 """Device caches filled for `python -m benchmarks.gpu_check`: random float16 K/V kept on the
-device (RandomKV), written by prefill steps whose sequences' cells interleave."""
+device (RandomKV), written by prefill steps whose sequences' cells interleave into a cache of
+any storage format (the cache rounds or quantizes what it stores)."""
 
 import collections
 
@@ -38,11 +39,12 @@ class RandomKV:
 
 def prefilled_cache(
     run: Run, *, n_layers: int, n_kv_heads: int, head_dim: int, batch: int, max_seq_len: int,
-    history: int, seed: int,
+    history: int, seed: int, dtype: str = "float16",
 ) -> tuple:  # fmt: skip
-    """(cache, sequences, K/V, prefill steps taken): a float16 device cache of `batch`
-    sequences of up to `max_seq_len` positions, room for them all allocated up front, each
-    sequence prefilled with `history` positions."""
+    """(cache, sequences, K/V, prefill steps taken): a device cache of storage format `dtype`
+    (`numbakv.formats`) of `batch` sequences of up to `max_seq_len` positions, room for them
+    all allocated up front, each sequence prefilled with `history` positions of float16 K/V
+    (the same ones for the same seed and shapes, whatever `dtype`)."""
     from numbakv.config import CacheConfig
 
     s = run.shapes
@@ -50,7 +52,7 @@ def prefilled_cache(
     config = CacheConfig(
         n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, capacity=capacity,
         max_width=max(s.chunk, batch), max_seqs=batch, initial_cells=capacity,
-        dtype="float16", max_seq_len=max_seq_len,
+        dtype=dtype, max_seq_len=max_seq_len,
     )  # fmt: skip
     cache = run.device.CellCache(config)
     seqs = [cache.seq_new() for _ in range(batch)]

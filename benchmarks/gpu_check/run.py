@@ -14,23 +14,34 @@ from numbakv.config import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 LIMIT_S = 480  # the whole run on a GPU
+LONG_CASE_S = 300  # an attention case after the first runs only with this much of LIMIT_S left
 # largest |numbakv - solo oracle| accepted in an attention output: numbakv's kernels compute
 # in float32 from the stored values whatever the storage dtype
 ERR_BOUND = TOLERANCE["float32"]
-COLUMNS = ["part", "case", "us", "GB/s", "of copy", "sdpa us", "sdpa err", "err", "result"]
+# columns of the summary table; "model" is benchmarks.kernel_cost's ceiling of the kernel
+# that ran (attention), "sdpa rate" torch's GB/s or TFLOP/s on the same data
+COLUMNS = ["part", "case", "us", "GB/s", "of copy", "TFLOP/s", "model", "sdpa us", "sdpa rate",
+           "sdpa err", "err", "result"]  # fmt: skip
+# every storage format, by the order the attention part measures them in
+DECODE_FORMATS = ("float16", "bfloat16", "float32", "q8_0", "q4_0", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
 class Shapes:
     """The sizes of a run: a GPU's, or the simulator's tiny ones."""
 
-    cases: tuple[tuple[int, int], ...]  # attention: (batch, cells each token sees)
+    # decode attention: (batch, cells each token sees, storage formats); cases after the
+    # first run only while LONG_CASE_S seconds of LIMIT_S are left
+    cases: tuple[tuple[int, int, tuple[str, ...]], ...]
+    masked_formats: tuple[str, ...]  # formats also measured in masked mode (else gathered)
     n_kv_heads: int
     head_dim: int
     groups: tuple[int, ...]  # GQA: query heads per KV head
     chunk: int  # max_width: prefill steps of up to this many tokens
     piece: int  # tokens of one sequence per prefill step, sequences in turn
     repeat: int  # timed launches per attention case
+    prefill: tuple[int, int, int]  # sequences, new tokens each (one step), GQA group
+    prefill_repeat: int  # timed launches of the prefill step
     copy_bytes: int
     decode_layers: int
     decode_batch: int
@@ -45,14 +56,16 @@ class Shapes:
 
 
 GPU_SHAPES = Shapes(
-    cases=((64, 4096), (16, 32768)), n_kv_heads=8, head_dim=128, groups=(8, 4), chunk=4096,
-    piece=512, repeat=20, copy_bytes=1 << 30, decode_layers=32, decode_batch=64,
+    cases=((64, 4096, DECODE_FORMATS), (16, 32768, ("float16",))), masked_formats=("float16",),
+    n_kv_heads=8, head_dim=128, groups=(8, 4), chunk=4096, piece=512, repeat=20,
+    prefill=(8, 2048, 4), prefill_repeat=5, copy_bytes=1 << 30, decode_layers=32, decode_batch=64,
     decode_history=256, decode_heads=(8, 32, 64), decode_warmup=5, decode_steps=50,
     model_layers=32, model_dims=(512, 8, 2, 64, 1408), model_batches=(1, 16, 64),
     model_history=32,
 )  # fmt: skip
-SIM_SHAPES = Shapes(
-    cases=((2, 64),), n_kv_heads=2, head_dim=16, groups=(4, 2), chunk=32, piece=8, repeat=2,
+SIM_SHAPES = Shapes(  # head_dim 32: q8_0 and q4_0 take multiples of 32
+    cases=((2, 32, DECODE_FORMATS),), masked_formats=("float16",), n_kv_heads=2, head_dim=32,
+    groups=(4, 2), chunk=32, piece=8, repeat=1, prefill=(2, 16, 4), prefill_repeat=1,
     copy_bytes=1 << 16, decode_layers=2, decode_batch=2, decode_history=8,
     decode_heads=(2, 4, 16), decode_warmup=1, decode_steps=3, model_layers=2,
     model_dims=(16, 4, 2, 4, 32), model_batches=(1, 2), model_history=3,
@@ -105,6 +118,7 @@ class Run:
     seconds: dict[str, float] = field(default_factory=dict)
     copy_bandwidth: float | None = None  # bytes per second, from the copy part
     torch: object = "torch: not looked for"  # the module when it has CUDA, else why not
+    notes: list[str] = field(default_factory=list)  # printed under the summary table
     _device: Device | None = None
 
     @property
@@ -117,10 +131,18 @@ class Run:
         """Seconds left of LIMIT_S."""
         return LIMIT_S - (time.perf_counter() - self.started)
 
-    def add(self, part: str, case: str, result: str = "ok", **cells: str) -> None:
-        """One row of the table; cells not given print as '-'."""
+    def add(self, part: str, case: str, result: str = "ok", **cells: str) -> list[str]:
+        """One row of the table, returned (`set_cell` fills it in later); cells not given
+        print as '-'."""
         values = {"part": part, "case": case, "result": result, **cells}
-        self.rows.append([_cell(values.get(column, "-")) for column in COLUMNS])
+        row = [_cell(values.get(column, "-")) for column in COLUMNS]
+        self.rows.append(row)
+        return row
+
+    @staticmethod
+    def set_cell(row: list[str], column: str, value: str) -> None:
+        """Sets one cell of a row `add` returned."""
+        row[COLUMNS.index(column)] = _cell(value)
 
     @property
     def failed(self) -> list[str]:

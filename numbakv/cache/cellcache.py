@@ -310,7 +310,11 @@ class CellCache(Observable, Inspection, Capture, Saving):
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
         window = self.config.windows[layer]
         io = (storage.io_kind(q.dtype), storage.io_kind(out.dtype))
-        plan = self._plans.plan(mode, step.width, n_heads, layer, io)
+        pool = self._pool
+        k_pool, v_pool = pool.k[layer], pool.v[layer]
+        is_wide = attention.pools_are_wide(self._plans.kinds[layer], self.config.head_dim,
+                                           k_pool, v_pool)  # fmt: skip
+        plan = self._plans.plan(mode, step.width, n_heads, layer, io, is_wide)
         b = self._buffers
         if mode == "masked":
             self._write_masks()
@@ -320,9 +324,8 @@ class CellCache(Observable, Inspection, Capture, Saving):
         workspace = None
         if plan.is_decode:
             workspace = self._plans.workspace(n_heads, step.stream, capturing)
-        pool = self._pool
         attention.run_attention(
-            plan, q, pool.k[layer], pool.v[layer], pool.scales[layer], b.step, view,
+            plan, q, k_pool, v_pool, pool.scales[layer], b.step, view,
             np.float32(scale), out, workspace, step.stream,
         )  # fmt: skip
         return inputs.returned(caller, given, out, step.stream)

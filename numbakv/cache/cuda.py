@@ -4,7 +4,8 @@ The device is chosen first (`numbakv.cache.device`, which sets numba's simulator
 from NUMBAKV_DEVICE before numba is imported), so a move to another CUDA binding for
 Python is a change to this file. Here too: `device_info`, the driver's out-of-memory
 error the pool turns into `AllocationError`, a device array over a DLPack export
-(`wrap_export`), the two cuda.core calls a CUDA graph needs,
+(`wrap_export`), the two cuda.core calls a CUDA graph needs, `asm_loader` (an inline-PTX
+load of one array row, the one way numba reaches a 128-bit load: `kernels.wide`),
 and, on the simulator, the fixes of `numbakv.cache.simulator`, installed at import.
 """
 
@@ -48,6 +49,139 @@ else:  # out of device memory comes as the driver's API error
     from numba.cuda.libdevice import fmul_rn as mul_rn  # noqa: F401
 
     DRIVER_ERRORS = (CudaAPIError,)
+
+    def _row_pointer(context, builder, array_type, array, row, offset):
+        """The address of element `offset` of row `row` of an array whose rows are its first
+        axis (int32 row and offset >= 0, a row's byte stride below 2^32): one 32 x 32 -> 64
+        bit multiply, where numba's indexing multiplies in 64 bits and checks the sign."""
+        from llvmlite import ir
+
+        ary = context.make_array(array_type)(context, builder, value=array)
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        stride = builder.zext(builder.trunc(builder.extract_value(ary.strides, 0), i32), i64)
+        item = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+        start = builder.mul(builder.zext(row, i64), stride, flags=["nuw"])  # mul.wide.u32
+        start = builder.add(start, builder.mul(builder.zext(offset, i64), ir.Constant(i64, item)))
+        byte = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+        element = context.get_data_type(array_type.dtype).as_pointer()
+        return builder.bitcast(builder.gep(byte, [start], inbounds=True), element)
+
+    def row_item():
+        """An intrinsic `f(array, row, offset) -> array.dtype`: element `offset` of row `row`
+        (the flat index within the row, int32), loaded with 32-bit index arithmetic."""
+        from numba import types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def item(typingctx, array, row, offset):
+            def codegen(context, builder, sig, args):
+                ptr = _row_pointer(context, builder, sig.args[0], *args)
+                return builder.load(ptr)
+
+            if not isinstance(row, types.Integer) or not isinstance(offset, types.Integer):
+                return None
+            return array.dtype(array, types.int32, types.int32), codegen
+
+        return item
+
+    def row_store():
+        """An intrinsic `f(array, row, offset, value)`: stores value (cast to the array's
+        dtype) at element `offset` of row `row`, with `row_item`'s addressing."""
+        from numba import types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def put(typingctx, array, row, offset, value):
+            def codegen(context, builder, sig, args):
+                ptr = _row_pointer(context, builder, sig.args[0], *args[:3])
+                item = context.cast(builder, args[3], sig.args[3], sig.args[0].dtype)
+                builder.store(item, ptr)
+
+            if not isinstance(row, types.Integer) or not isinstance(offset, types.Integer):
+                return None
+            return types.void(array, types.int32, types.int32, value), codegen
+
+        return put
+
+    def int32_quotient():
+        """An intrinsic `f(a, b) -> int32`: a // b of non-negative int32s in one 32-bit
+        division (numba divides int32s in 64 bits: a call on a GPU)."""
+        from numba import types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def quotient(typingctx, a, b):
+            def codegen(context, builder, sig, args):
+                x, y = (context.cast(builder, v, t, types.int32)
+                        for v, t in zip(args, sig.args, strict=True))  # fmt: skip
+                return builder.udiv(x, y)
+
+            return types.int32(a, b), codegen
+
+        return quotient
+
+    def asm_function(asm: str, constraints: str, out_type: str, in_type: str):
+        """An intrinsic `f(x: in_type) -> out_type` that runs the inline PTX `asm` ($0 the
+        result, $1 the argument) with `constraints` (e.g. "=f,r"); pure, so the compiler
+        may move or drop it."""
+        from llvmlite import ir
+        from numba import types
+        from numba.cuda.extending import intrinsic
+
+        result_type, argument_type = getattr(types, out_type), getattr(types, in_type)
+
+        @intrinsic
+        def function(typingctx, x):
+            def codegen(context, builder, sig, args):
+                value = context.cast(builder, args[0], sig.args[0], argument_type)
+                fn = ir.FunctionType(context.get_value_type(result_type), [value.type])
+                return builder.call(ir.InlineAsm(fn, asm, constraints), [value])
+
+            return result_type(x), codegen
+
+        return function
+
+    def asm_loader(asm: dict[str, tuple[str, int, str]]):
+        """An intrinsic `f(array, row, offset, ok) -> UniTuple(out_type, n_out)` that runs the
+        inline PTX of `asm[array's dtype name] = (text, n_out, out_type)` where `ok` is true:
+        text writes outputs $0 .. $(n_out - 1), reads the address of element `offset` of row
+        `row` (`row_item`'s addressing) as $A and guards each load with `@p`; where `ok` is
+        false nothing is read and every output is 0 (a predicated load, no branch)."""
+        from llvmlite import ir
+        from numba import types
+        from numba.cuda.extending import intrinsic
+
+        @intrinsic
+        def load(typingctx, array, row, offset, ok):
+            if str(array.dtype) not in asm:
+                return None  # no such load: a typing error names the arguments
+            text, n_out, out_type = asm[str(array.dtype)]
+            element = getattr(types, out_type)
+            is_float = out_type.startswith("float")
+            zero = "mov.f32 ${}, 0f00000000;" if is_float else "mov.b32 ${}, 0;"
+            full = "\n".join(
+                ["{ .reg .pred p;", f"setp.ne.s32 p, ${n_out + 1}, 0;"]
+                + [zero.format(n) for n in range(n_out)]
+                + [text.replace("$A", f"${n_out}"), "}"]
+            )
+            constraints = ",".join(["=f" if is_float else "=r"] * n_out + ["l", "r"])
+
+            def codegen(context, builder, sig, args):
+                ptr = _row_pointer(context, builder, sig.args[0], *args[:3])
+                flag = context.cast(builder, args[3], sig.args[3], types.int32)
+                value = context.get_value_type(element)
+                returned = ir.LiteralStructType([value] * n_out) if n_out > 1 else value
+                fn = ir.FunctionType(returned, [ptr.type, flag.type])
+                result = builder.call(ir.InlineAsm(fn, full, constraints), [ptr, flag])
+                if n_out == 1:  # one output is returned as itself, not as a struct
+                    return context.make_tuple(builder, sig.return_type, [result])
+                values = [builder.extract_value(result, n) for n in range(n_out)]
+                return context.make_tuple(builder, sig.return_type, values)
+
+            signature = types.UniTuple(element, n_out)(array, types.int32, types.int32, ok)
+            return signature, codegen
+
+        return load
 
 
 def device_info() -> dict:

@@ -21,12 +21,14 @@ class Plans:
         self._workspaces: dict[int, tuple] = {}
 
     def plan(self, mode: str, width: int, n_heads: int, layer: int,
-             io: tuple[str, str] = ("float", "float")) -> attention.AttentionPlan:  # fmt: skip
+             io: tuple[str, str] = ("float", "float"),
+             is_wide: bool = True) -> attention.AttentionPlan:  # fmt: skip
         """The plan of `layer` in steps of this shape, for q and out of `io` (kinds of
-        `storage.IO_KINDS`); a token reads at most capacity cells (masked) or its window's or
-        max_seq_len's (gathered)."""
+        `storage.IO_KINDS`) over pools that take the decode kernel's wide loads or not
+        (`attention.pools_are_wide`); a token reads at most capacity cells (masked) or its
+        window's or max_seq_len's (gathered)."""
         window, kinds = self.config.windows[layer], self.kinds[layer]
-        key = (mode, width, n_heads, window if mode == "gathered" else 0, kinds, io)
+        key = (mode, width, n_heads, window if mode == "gathered" else 0, kinds, io, is_wide)
         if key not in self._plans:
             cfg = self.config
             if mode == "masked":
@@ -34,7 +36,15 @@ class Plans:
             else:
                 max_len = attention.gathered_max_len(window, cfg.max_seq_len)
             self._plans[key] = attention.plan_attention(
-                mode, kinds, width, n_heads, cfg.n_kv_heads, cfg.head_dim, max_len, io=io
+                mode,
+                kinds,
+                width,
+                n_heads,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                max_len,
+                io=io,
+                is_wide=is_wide,
             )
         return self._plans[key]
 

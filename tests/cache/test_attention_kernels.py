@@ -10,19 +10,21 @@ step buffer's columns past the width, and a sentinel in `out` rows past the widt
 read `# reference`, `# device`, `# compare`.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from numbakv.cache.cuda import IS_SIMULATOR
 from numbakv.cache.kernels.attention import (
     DECODE_MAX_WIDTH,
-    DECODE_TILE,
     HEAD_DIM_MAX,
     MAX_SPLITS,
     MIN_SPLIT_CELLS,
     PREFILL_TILE,
     AttentionPlan,
     choose_splits,
+    decode,
     decode_width_limit,
     is_decode_shape,
     launch_attend_gathered,
@@ -33,6 +35,8 @@ from numbakv.cache.kernels.attention import (
     tiles,
 )
 from numbakv.cache.kernels.attention import launch as attention_launch
+from numbakv.cache.kernels.attention.merge import merge_kernel
+from numbakv.cache.kernels.attention.prefill import KERNELS as prefill_kernels
 from numbakv.cache.kernels.step_buffer import POSITIONS, SEQ_IDS, host_step
 from numbakv.reference import CellCache, solo_attention
 from numbakv.reference.attention import attend_cells
@@ -134,7 +138,7 @@ def test_attention_matches_reference(n_heads, n_kv_heads, head_dim, dtype, kerne
     final = DECODE_STEP if kernel == "decode" else PREFILL_STEP
     case = build_case(n_heads, n_kv_heads, head_dim, dtype, final, windows=(0, 3))
     read_len = case.step.read_len
-    assert read_len % PREFILL_TILE and read_len % DECODE_TILE  # tiles end mid-way
+    assert read_len % PREFILL_TILE and read_len % (decode.TILE * decode.WARPS)  # tiles end mid-way
     for layer in range(2):
         check(case, layer, run_masked(case, layer, kernel=kernel, n_splits=2))
         check(case, layer, run_gathered(case, layer, kernel=kernel, n_splits=3))
@@ -212,6 +216,32 @@ def test_launchers_pick_the_kernel_by_shape(final, monkeypatch):
         check(case, layer, run_gathered(case, layer))
     shape = "decode" if expect_decode else "prefill"
     assert ran == [f"attend_{mode}_{shape}" for _ in range(2) for mode in ("masked", "gathered")]
+
+
+@pytest.mark.parametrize("threads", [64, 128])
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_the_warps_of_a_decode_block_merge_through_shared_memory(head_dim, threads):
+    # GQA 8: at head_dim 16 one warp holds the 8 heads and the block's other warps walk other
+    # cells (merged through shared memory); at 128 a warp holds 4, so two warps share each
+    # row. The simulator plans one warp a block: launched here with two and four.
+    case = build_case(8, 1, head_dim, "float16", DECODE_STEP, windows=(0, 3), seed=5)
+    step, n_kv = case.step, case.cache.config.n_kv_heads
+    for layer in range(2):
+        k, v = poisoned_pool(case, layer)
+        seq_cells = seq_cells_of(case.cache, np.random.default_rng(0))
+        window = case.cache.config.windows[layer]
+        for n_splits in (1, 3):
+            plan = plan_attention("gathered", "float", step.width, 8, n_kv, head_dim, CAPACITY,
+                                  kernel="decode", n_splits=n_splits)  # fmt: skip
+            plan = dataclasses.replace(plan, threads=threads)
+            out_d = to_d(np.full(case.q.shape, SENTINEL, np.float32))
+            run_attention(
+                plan, to_d(case.q), to_d(k), to_d(v), to_d(np.ones((2, n_kv), np.float32)),
+                to_d(step_buffer(step, case.cache.live_seqs[0])), (to_d(seq_cells),
+                np.int32(window)), np.float32(1 / np.sqrt(head_dim)), out_d,
+                split_workspace(MAX_WIDTH, 8, head_dim, n_splits), 0,
+            )  # fmt: skip
+            check(case, layer, out_d.copy_to_host())
 
 
 @pytest.mark.parametrize("n_splits", [1, 4, 7])
@@ -363,7 +393,7 @@ def test_gathered_decode_gives_one_result_for_any_forced_splits(window):
 def test_split_range_uses_the_splits_a_range_fills():
     # the device function run as Python: near-equal parts covering [lo, hi) in order, as
     # many as the range fills (see `fill`), never more than n_splits; the rest empty
-    split_range = tiles.split_range.py_func
+    split_range = getattr(decode.split_range, "py_func", decode.split_range)
     ranges = [(0, 0), (5, 6), (0, MIN_SPLIT_CELLS), (3, 4 + MIN_SPLIT_CELLS), (0, LONG), (7, 4000)]
     for lo, hi in ranges:
         for n_splits in (*FORCED_SPLITS, 5):
@@ -446,15 +476,16 @@ def test_plans_depend_on_the_shape_only():
     # from max_len, and the merge over width x n_heads x head_dim
     plan = plan_attention("masked", "float", 3, 4, 2, 16, 4096, kernel="decode", n_splits=5)
     assert isinstance(plan, AttentionPlan) and plan.is_decode and plan.n_splits == 5
-    decode, merge, _ = attention_launch.kernels("masked", "float", "float", "float", "float")
-    assert plan.kernel is decode and plan.merge is merge
+    assert plan.kernel is decode.KERNELS("masked", "float", "float", head_dim=16, group=2)
+    assert plan.merge is merge_kernel("float")
     assert plan.merge_threads > 0 and plan.merge_grid
+    one = plan_attention("masked", "float", 3, 4, 2, 16, 4096, kernel="decode", n_splits=1)
+    assert one.merge is None and one.kernel is plan.kernel  # the kernel writes out itself
     io = ("bfloat16", "bfloat16")  # q and out of bfloat16 patterns: their own kernels
     prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill", io=io)
     assert not prefill.is_decode and prefill.n_splits == 0
-    assert prefill.kernel is attention_launch.kernels("gathered", "bfloat16", "bfloat16", *io)[2]
-    assert prefill.kernel is not attention_launch.kernels("gathered", "bfloat16", "bfloat16",
-                                                          "float", "float")[2]  # fmt: skip
+    assert prefill.kernel is prefill_kernels("gathered", "bfloat16", "bfloat16", *io)
+    assert prefill.kernel is not prefill_kernels("gathered", "bfloat16", "bfloat16")
     default = plan_attention("gathered", "float", 2, 4, 2, 16, 1 << 20, kernel="decode")
     assert default.n_splits == choose_splits(1 << 20, 2 * 2)  # width x head blocks
     short = plan_attention("masked", "float", 2, 4, 2, 16, MIN_SPLIT_CELLS - 1, kernel="decode")

@@ -134,7 +134,7 @@ def test_replay_after_growth_raises_binding_error_and_a_recapture_works():
     cache.reserve(N_HEADS)
     started(cache)
     graph = cache.capture(lambda: inputs.work(cache))
-    assert graph.n_launches == 2 + 1 + 2 * 2  # 2 scatters, 1 mask launch, 2 x (attend + merge)
+    assert graph.n_launches == 2 + 1 + 2  # 2 scatters, 1 mask launch, 2 attends (1 split: no merge)
     assert (graph.width, graph.layers, graph.writes_masks) == (WIDTH, {0, 1}, True)
     while cache.generation == graph.bindings.generation:
         started(cache, [0, 1, 1])

@@ -48,9 +48,12 @@ def kernel(signatures: list, name: str | None = None, **options) -> Callable:
 
 
 def device_function(fn: Callable) -> Callable:
-    """A helper kernels call; inlined, which compiles with or without a GPU."""
+    """A helper kernels call; inlined, which compiles with or without a GPU. In the simulator
+    a helper that never names `cuda` stays a plain function: numba's device functions swap
+    their module's `cuda` for the simulated one on every call, which costs a scan of the
+    module's globals whenever no other call holds the swap."""
     if IS_SIMULATOR:
-        return cuda.jit(device=True)(fn)
+        return fn if "cuda" not in fn.__code__.co_names else cuda.jit(device=True)(fn)
     return cuda.jit(device=True, inline="always")(fn)
 
 

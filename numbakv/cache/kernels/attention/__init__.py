@@ -20,12 +20,15 @@ The modules, by role:
     tiles    the tile engine every kernel shares (load, score, online softmax, write)
     views    which cells a token sees: the masked and the gathered view, the only difference
              between the two modes
-    decode   one token x one head chunk x one split per block; partials merged by `merge`
+    lanes    a lane's 8 elements of a K/V row per storage kind (wide loads, `kernels.wide`)
+    decode   one token x one split per block, a warp per chunk of query heads, registers and
+             shuffles; partials merged by `merge` when the grid splits
     prefill  a tile of tokens x heads per block, each K/V tile loaded once for all of them
     merge    the decode splits combined
     launch   the plan (shape rule, grid, splits), the run, the checks and the two launchers
 """
 
+from numbakv.cache.kernels.attention.decode import MIN_SPLIT_CELLS, cost_specialisations
 from numbakv.cache.kernels.attention.launch import (
     DECODE_MAX_WIDTH,
     MAX_SPLITS,
@@ -38,23 +41,14 @@ from numbakv.cache.kernels.attention.launch import (
     launch_attend_gathered,
     launch_attend_masked,
     plan_attention,
+    pools_are_wide,
     run_attention,
     split_workspace,
 )
-from numbakv.cache.kernels.attention.tiles import (
-    DECODE_ROWS,
-    DECODE_TILE,
-    HEAD_DIM_MAX,
-    MIN_SPLIT_CELLS,
-    PREFILL_ROWS,
-    PREFILL_TILE,
-    STORAGE,
-)
+from numbakv.cache.kernels.attention.tiles import HEAD_DIM_MAX, PREFILL_ROWS, PREFILL_TILE, STORAGE
 
 __all__ = [
     "DECODE_MAX_WIDTH",
-    "DECODE_ROWS",
-    "DECODE_TILE",
     "HEAD_DIM_MAX",
     "MAX_SPLITS",
     "MIN_SPLIT_CELLS",
@@ -64,12 +58,14 @@ __all__ = [
     "STORAGE",
     "AttentionPlan",
     "choose_splits",
+    "cost_specialisations",
     "decode_width_limit",
     "gathered_max_len",
     "is_decode_shape",
     "launch_attend_gathered",
     "launch_attend_masked",
     "plan_attention",
+    "pools_are_wide",
     "run_attention",
     "split_workspace",
 ]

@@ -23,17 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.cache.cuda import IS_SIMULATOR, cuda
+from numbakv.cache.cuda import IS_SIMULATOR, cuda, device_address
 from numbakv.cache.kernels import storage
-from numbakv.cache.kernels.attention import decode, prefill
+from numbakv.cache.kernels.attention import decode, lanes, prefill
+from numbakv.cache.kernels.attention.decode import MIN_SPLIT_CELLS
 from numbakv.cache.kernels.attention.merge import merge_kernel
-from numbakv.cache.kernels.attention.tiles import (
-    DECODE_ROWS,
-    HEAD_DIM_MAX,
-    MIN_SPLIT_CELLS,
-    PREFILL_ROWS,
-    STORAGE,
-)
+from numbakv.cache.kernels.attention.tiles import HEAD_DIM_MAX, PREFILL_ROWS, STORAGE
 from numbakv.cache.kernels.launch import (
     attention_grid,
     check_extent,
@@ -45,14 +40,18 @@ from numbakv.formats import row_width
 
 DECODE_MAX_WIDTH = 8  # steps up to this width run the decode (split) kernels
 MAX_SPLITS = 32  # splits per token, at most
-SPLIT_TARGET_BLOCKS_PER_SM = 4  # decode blocks wanted per multiprocessor
+# decode blocks wanted per multiprocessor: two waves of the blocks that fit at once (4 of
+# decode.THREADS threads give 16 resident warps)
+SPLIT_TARGET_BLOCKS_PER_SM = 8
 
 
-def kernels(mode: str, k_kind: str, v_kind: str, q_kind: str, out_kind: str) -> tuple:
+def kernels(mode: str, k_kind: str, v_kind: str, q_kind: str, out_kind: str,
+            head_dim: int = 128, is_wide: bool = True, group: int = 4) -> tuple:  # fmt: skip
     """(decode kernel, merge kernel, prefill kernel) of `mode` over pools of (k_kind,
-    v_kind), for q and out of (q_kind, out_kind) (`storage.IO_KINDS`)."""
+    v_kind), for q and out of (q_kind, out_kind) (`storage.IO_KINDS`); the decode kernel is
+    made for `head_dim` and a GQA `group`, with wide loads or not (`lanes.is_wide`)."""
     return (
-        decode.KERNELS(mode, k_kind, v_kind, q_kind),
+        decode.KERNELS(mode, k_kind, v_kind, q_kind, out_kind, head_dim, is_wide, group),
         merge_kernel(out_kind),
         prefill.KERNELS(mode, k_kind, v_kind, q_kind, out_kind),
     )
@@ -133,24 +132,30 @@ def split_workspace(
 def plan_attention(
     mode: str, kind: str, width: int, n_heads: int, n_kv_heads: int, head_dim: int,
     max_len: int, *, kernel: str | None = None, n_splits: int | None = None,
-    io: tuple[str, str] = ("float", "float"),
+    io: tuple[str, str] = ("float", "float"), is_wide: bool = True,
 ) -> AttentionPlan:  # fmt: skip
     """The plan of `mode` ("masked" or "gathered") over pools of storage `kind` (a
     `storage.KINDS` name, or a (K kind, V kind) pair) for steps of `width` tokens; `max_len`
     bounds a token's range (for splits).
     kernel: None (by `is_decode_shape`), "decode" or "prefill" forces one; n_splits: the
-    decode splits (default `choose_splits`); io: the kinds of q and out (`storage.IO_KINDS`)."""
+    decode splits (default `choose_splits`); io: the kinds of q and out (`storage.IO_KINDS`);
+    is_wide: whether both pools take the decode kernel's wide loads (`lanes.is_wide`)."""
+    kinds = (kind, kind) if isinstance(kind, str) else kind
     decode_kernel, merge, prefill_kernel = kernels(
-        mode, *((kind, kind) if isinstance(kind, str) else kind), *io
+        mode, *kinds, *io, head_dim, is_wide, n_heads // n_kv_heads
     )
     if not _pick(kernel, width, n_heads, n_kv_heads):
         grid, threads = attention_grid(*_prefill_blocks(width, n_heads, n_kv_heads))
         return AttentionPlan(prefill_kernel, grid, threads, 0)
-    n_head_blocks = _head_blocks(n_heads, n_kv_heads, DECODE_ROWS)
+    n_head_blocks = decode.head_blocks(n_heads, n_kv_heads, head_dim)
     n_splits = n_splits or choose_splits(max_len, width * n_head_blocks)
-    grid, threads = attention_grid(n_splits, n_head_blocks, width)
+    (blocks,), _ = attention_grid(n_splits * n_head_blocks * width)  # one flat item loop
+    grid = (blocks,)
+    if n_splits == 1:  # the decode kernel writes out itself
+        return AttentionPlan(decode_kernel, grid, decode.THREADS, 1)
     merge_grid, merge_threads = launch_dims(width * n_heads * head_dim)
-    return AttentionPlan(decode_kernel, grid, threads, n_splits, merge, merge_grid, merge_threads)
+    return AttentionPlan(decode_kernel, grid, decode.THREADS, n_splits, merge, merge_grid,
+                         merge_threads)  # fmt: skip
 
 
 def run_attention(plan: AttentionPlan, q, k_pool, v_pool, kv_scales, step, view, scale, out,
@@ -165,10 +170,10 @@ def run_attention(plan: AttentionPlan, q, k_pool, v_pool, kv_scales, step, view,
         launch(plan.kernel, grid, threads, stream, *pools, out)
         return
     n_splits = np.int32(plan.n_splits)
-    args = (*pools, n_splits, *workspace)
-    launch(plan.kernel, grid, threads, stream, *args)
-    launch(plan.merge, plan.merge_grid, plan.merge_threads, stream, *workspace, step, n_splits,
-           out)  # fmt: skip
+    launch(plan.kernel, grid, threads, stream, *pools, n_splits, *workspace, out)
+    if plan.merge is not None:
+        launch(plan.merge, plan.merge_grid, plan.merge_threads, stream, *workspace, step,
+               n_splits, out)  # fmt: skip
 
 
 def launch_attend_masked(
@@ -264,11 +269,20 @@ def _launch(
     plan = plan_attention(
         mode, kinds, width, n_heads, k_pool.shape[1], head_dim, max_len,
         kernel=kernel, n_splits=n_splits, io=(storage.io_kind(q.dtype), storage.io_kind(out.dtype)),
+        is_wide=pools_are_wide(kinds, head_dim, k_pool, v_pool),
     )  # fmt: skip
     if plan.is_decode:
         workspace = _partials(workspace, width, n_heads, head_dim, plan.n_splits, stream)
     run_attention(plan, q, k_pool, v_pool, kv_scales, step, view, np.float32(scale), out,
                   workspace, stream)  # fmt: skip
+
+
+def pools_are_wide(kinds: tuple[str, str], head_dim: int, k_pool, v_pool) -> bool:
+    """Whether both pools take the decode kernel's wide loads (`lanes.is_wide`)."""
+    return all(
+        lanes.is_wide(kind, head_dim, device_address(pool), pool.strides)
+        for kind, pool in zip(kinds, (k_pool, v_pool), strict=True)
+    )
 
 
 def _prefill_blocks(width: int, n_heads: int, n_kv_heads: int) -> tuple[int, int]:

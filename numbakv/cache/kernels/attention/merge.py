@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from numbakv.cache.cuda import cuda
-from numbakv.cache.kernels import kernel, quant, storage
+from numbakv.cache.kernels import kernel, quant, storage, wide
 from numbakv.cache.kernels.attention.tiles import (
     EMPTY,
     NAN,
@@ -31,20 +31,24 @@ def make_merge(out_kind: str):
 
     def merge_splits(part_acc, part_m, part_l, step, n_splits, out):
         """out[t, h] = the splits' partial means combined: sum w_i acc_i / sum w_i, w_i =
-        l_i e^(m_i - M), over the splits that saw a cell (l_i != EMPTY), M their
+        l_i 2^(m_i - M) (the decode kernel's scores are in base 2), over the splits that saw a
+        cell (l_i != EMPTY), M their
         NaN-propagating max; 0 when none saw a cell, NaN when M is not finite (as
         `tiles.make_write_rows`). The weights are normalised before the products, so no sum
         overflows."""
         # part_acc: [>= width, n_heads, >= n_splits, head_dim]
         # part_m, part_l: [>= width, n_heads, >= n_splits]
         # out: [>= width, n_heads, head_dim]; one item per (t, h, d), d fastest
-        n_heads, head_dim = out.shape[1], out.shape[2]
-        row = n_heads * head_dim
+        n_heads, head_dim = np.int32(out.shape[1]), np.int32(out.shape[2])
+        row = np.int32(n_heads * head_dim)
         width = min(step[SCALARS, WIDTH], np.int32(out.shape[0]), np.int32(part_acc.shape[0]))
-        for i in range(cuda.grid(1), width * row, cuda.gridsize(1)):
-            t = i // row
-            h = (i - t * row) // head_dim
-            d = i - t * row - h * head_dim
+        # int32 counting and division (`wide.div`): numba's are 64-bit, a call on a GPU; a
+        # while loop, where a range with a step divides to count its items
+        i, n_items = np.int32(cuda.grid(1)), np.int32(width * row)
+        while i < n_items:
+            t = wide.div(i, row)
+            h = wide.div(i - t * row, head_dim)
+            d = np.int32(i - t * row - h * head_dim)
             m_max = NEG_INF
             denominator = EMPTY
             for split in range(n_splits):
@@ -59,11 +63,11 @@ def make_merge(out_kind: str):
                 for split in range(n_splits):
                     total = part_l[t, h, split]
                     if total != EMPTY:  # e^-inf = 0 for a split whose scores were all -inf
-                        denominator += math.exp(part_m[t, h, split] - m_max) * total
+                        denominator += math.exp2(part_m[t, h, split] - m_max) * total
                 for split in range(n_splits):
                     total = part_l[t, h, split]
                     if total != EMPTY:  # select: an empty split's acc is never read
-                        weight = math.exp(part_m[t, h, split] - m_max) * total / denominator
+                        weight = math.exp2(part_m[t, h, split] - m_max) * total / denominator
                         mean += weight * part_acc[t, h, split, d]
             if denominator == EMPTY:
                 mean = ZERO
@@ -73,6 +77,7 @@ def make_merge(out_kind: str):
                 out[t, h, d] = mean
             else:
                 out[t, h, d] = storage.narrow_bfloat16(mean)
+            i += np.int32(cuda.gridsize(1))
 
     return merge_splits
 

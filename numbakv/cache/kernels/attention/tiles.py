@@ -33,9 +33,6 @@ from numbakv.cache.kernels import device_function, quant, storage
 
 HEAD_DIM_MAX = 128  # the largest head_dim; shared arrays are sized for it
 K_STRIDE = HEAD_DIM_MAX + 1  # K and q rows padded by one word: no shared bank conflicts
-DECODE_TILE = 32  # cells per K/V tile of the decode kernels
-DECODE_ROWS = 8  # query heads per decode block (a GQA group of up to 8 in one block)
-MIN_SPLIT_CELLS = 2 * DECODE_TILE  # a decode split's cells, at least (when there is more than one)
 PREFILL_TILE = 16  # cells per K/V tile of the prefill kernels
 PREFILL_ROWS = 16  # query rows (tokens x heads) per prefill block
 MAX_TOKENS = PREFILL_ROWS  # tokens per block, at most (one head each)
@@ -76,16 +73,6 @@ def heads_of(hy, group, n_hb):
     kv_head = hy // n_chunks
     g0 = (hy - kv_head * n_chunks) * n_hb
     return kv_head, kv_head * group + g0, min(n_hb, group - g0)
-
-
-@device_function
-def split_range(lo, hi, split, n_splits):
-    """[start, end) of split `split` of [lo, hi): near-equal parts of at least MIN_SPLIT_CELLS
-    cells, at most n_splits of them; the splits past those get an empty range."""
-    n_used = min(n_splits, max(1, (hi - lo) // MIN_SPLIT_CELLS))
-    size = (hi - lo + n_used - 1) // n_used
-    start = min(hi, lo + split * size)
-    return start, min(hi, start + size)
 
 
 def make_start_rows(q_kind: str):
@@ -246,19 +233,3 @@ def make_write_rows(out_kind: str):
         cuda.syncthreads()
 
     return device_function(write_rows)
-
-
-@device_function
-def write_partial(part_acc, part_m, part_l, acc_s, m_s, l_s, t, split, n_rows, h0, head_dim):
-    """The split's (acc, m, l) of each row (one token, n_rows heads): acc the weighted mean
-    of its V rows, l its sum of exp(s - m); l = EMPTY where the split saw no cell."""
-    # part_acc: [>= width, n_heads, >= n_splits, head_dim]  part_m, part_l: [.., .., >= n_splits]
-    tid, n_threads = cuda.threadIdx.x, cuda.blockDim.x
-    for i in range(tid, n_rows * head_dim, n_threads):
-        r = i // head_dim
-        d = i - r * head_dim
-        part_acc[t, h0 + r, split, d] = acc_s[r, d]
-    for r in range(tid, n_rows, n_threads):
-        part_m[t, h0 + r, split] = m_s[r]
-        part_l[t, h0 + r, split] = l_s[r]
-    cuda.syncthreads()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from numbakv.cache.cuda import cuda
-from numbakv.cache.kernels import device_function, kernel
+from numbakv.cache.kernels import device_function, kernel, wide
 from numbakv.cache.kernels.attention.tiles import (
     HI,
     KEY,
@@ -48,7 +48,7 @@ GATHERED_VIEW = "Tuple((int32[:, ::1], int32))"  # seq_cells [max_seqs, max_seq_
 def masked_token(view, step, t):
     """Every token sweeps [0, read_len) of key 0 (never past the mask's columns)."""
     (mask,) = view
-    return 0, 0, min(step[SCALARS, READ_LEN], np.int32(mask.shape[1]))
+    return np.int32(0), np.int32(0), min(step[SCALARS, READ_LEN], np.int32(mask.shape[1]))
 
 
 @device_function
@@ -76,10 +76,11 @@ def gathered_token(view, step, t):
     """Token t of sequence s at position p sweeps [window start, p + 1) of key s."""
     _, window = view
     seq, p = step[SEQ_IDS, t], step[POSITIONS, t]
-    if seq < 0:  # padding: an empty range, output 0
-        return 0, 0, 0
-    lo = max(0, p - window + 1) if window > 0 else 0
-    return seq, lo, p + 1
+    zero, one = np.int32(0), np.int32(1)
+    if seq < zero:  # padding: an empty range, output 0
+        return zero, zero, zero
+    lo = max(zero, p - window + one) if window > zero else zero
+    return seq, lo, p + one
 
 
 @device_function
@@ -106,6 +107,28 @@ def gathered_flags(view, ok_s, cell_s, tok_s, n_tok, key, j0, rows):
         if c >= 0:
             is_any = np.int32(1)
     return cuda.syncthreads_or(is_any)
+
+
+@device_function
+def masked_cell(view, t, key, j, rows):
+    """Cell j if token t's mask row allows it (j < rows), else -1."""
+    (mask,) = view
+    return j if j < rows and wide.item(mask, t, j) != 0 else np.int32(-1)
+
+
+@device_function
+def gathered_cell(view, t, key, j, rows):
+    """The cell at position j of sequence `key`, -1 for an id outside [0, rows)."""
+    seq_cells, _ = view
+    c = wide.item(seq_cells, key, j)
+    return c if np.int32(0) <= c < rows else np.int32(-1)
+
+
+# mode -> (view signature, token, cell): what a kernel that walks one token's cells reads
+CELL_VIEWS = {
+    "masked": (MASKED_VIEW, masked_token, masked_cell),
+    "gathered": (GATHERED_VIEW, gathered_token, gathered_cell),
+}
 
 
 def build(make: Callable, signatures: Callable, shape: str, io: tuple[str, str]) -> Callable:
