@@ -100,7 +100,7 @@ def _div_sim(a, b):
 
 def _exp2_sim(x):
     x = np.float32(x)
-    return np.float32(np.exp2(x if x <= 0 else np.float32(0)))
+    return np.float32(np.exp2(x if x <= 0 or x != x else np.float32(0)))
 
 
 def _rcp_sim(x):
