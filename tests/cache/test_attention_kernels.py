@@ -484,8 +484,8 @@ def test_plans_depend_on_the_shape_only():
     io = ("bfloat16", "bfloat16")  # q and out of bfloat16 patterns: their own kernels
     prefill = plan_attention("gathered", "bfloat16", 3, 4, 2, 16, 4096, kernel="prefill", io=io)
     assert not prefill.is_decode and prefill.n_splits == 0
-    assert prefill.kernel is prefill_kernels("gathered", "bfloat16", "bfloat16", *io)
-    assert prefill.kernel is not prefill_kernels("gathered", "bfloat16", "bfloat16")
+    assert prefill.kernel is prefill_kernels("gathered", "bfloat16", "bfloat16", *io, head_dim=16)
+    assert prefill.kernel is not prefill_kernels("gathered", "bfloat16", "bfloat16", head_dim=16)
     default = plan_attention("gathered", "float", 2, 4, 2, 16, 1 << 20, kernel="decode")
     assert default.n_splits == choose_splits(1 << 20, 2 * 2)  # width x head blocks
     short = plan_attention("masked", "float", 2, 4, 2, 16, MIN_SPLIT_CELLS - 1, kernel="decode")

@@ -30,6 +30,14 @@ DECODE = r"attention\.decode\.attend_(gathered|masked)_decode(_bf16)?_d(64|128|2
 BUDGETS: dict[str, dict[str, float]] = {
     DECODE: DECODE_BUDGET,
     r"attention\.merge\.merge_splits": {"div64_in_loops": 0, "spill_bytes": 0},
+    # issue 44's prefill budget: >= 24 FLOP per warp-instruction in the hot loop (the p.V
+    # loop of the register tiles), no spills, no 64-bit division in a loop, 12 warps per SM
+    r"attention\.prefill\.attend_(gathered|masked)_prefill_d128$": {
+        "flop_per_instruction": 24,
+        "spill_bytes": 0,
+        "div64_in_loops": 0,
+        "warps_per_sm": 12,
+    },
 }
 UPPER = {"instructions_per_byte", "hot_loads_below_128", "hot_readonly_loads_below_128",
          "div64_in_loops", "div64", "spill_bytes", "registers", "shared_bytes",

@@ -48,7 +48,7 @@ def pool_pairs(k_kind: str, v_kind: str) -> set[tuple[str, str]]:
 # attention kernel -> the (K pool, V pool) dtypes it compiles for
 ATTENTION_POOLS = {
     f"{ATTENTION}.{shape}.attend_{mode}_{shape}{suffix(*pair)}{tail}": pool_pairs(*pair)
-    for shape, tail in (("decode", "_d128_h4"), ("prefill", ""))
+    for shape, tail in (("decode", "_d128_h4"), ("prefill", "_d128"))
     for mode in ("masked", "gathered")
     for pair in PAIRS
 }
@@ -56,13 +56,14 @@ ATTENTION_POOLS = {
 # code path, over float32 pools
 BFLOAT16_IO = {
     f"{ATTENTION}.decode.attend_gathered_decode_q_bf16_out_bf16_d128_h4": "uint16",
-    f"{ATTENTION}.prefill.attend_gathered_prefill_q_bf16_out_bf16": "uint16",
+    f"{ATTENTION}.prefill.attend_gathered_prefill_q_bf16_out_bf16_d128": "uint16",
     f"{MERGE}_out_bf16": "uint16",
 }
 SCATTERS = {f"scatter_kv{suffix(*pair)}": pool_pairs(*pair) for pair in PAIRS}
-# the decode kernel of element loads (head_dim 40 is not a whole number of 16-byte loads)
+# the kernels of element loads (head_dim 40 is not a whole number of 16-byte loads)
 NARROW = f"{ATTENTION}.decode.attend_gathered_decode_d40_h4_narrow"
-ATTENTION_KERNELS = {*ATTENTION_POOLS, MERGE, *BFLOAT16_IO, NARROW}
+NARROW_PREFILL = f"{ATTENTION}.prefill.attend_gathered_prefill_d40_narrow"
+ATTENTION_KERNELS = {*ATTENTION_POOLS, MERGE, *BFLOAT16_IO, NARROW, NARROW_PREFILL}
 SMEM_LIMIT = 48 * 1024  # static shared memory per block
 DEVICE_MODEL = "numbakv.device_model.kernels"
 DEVICE_MODEL_KERNELS = {

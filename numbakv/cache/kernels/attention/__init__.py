@@ -17,13 +17,15 @@ own range.
 
 The modules, by role:
 
-    tiles    the tile engine every kernel shares (load, score, online softmax, write)
+    tiles    the prefill tiles: geometry, row reductions, scores, online softmax, p·V
+    staging  q and K/V tiles into shared memory (wide loads), the prefill's output written
     views    which cells a token sees: the masked and the gathered view, the only difference
              between the two modes
     lanes    a lane's 8 elements of a K/V row per storage kind (wide loads, `kernels.wide`)
     decode   one token x one split per block, a warp per chunk of query heads, registers and
              shuffles; partials merged by `merge` when the grid splits
-    prefill  a tile of tokens x heads per block, each K/V tile loaded once for all of them
+    prefill  a tile of query rows per block, each K/V tile loaded once for all of them,
+             register tiles of scores and outputs (FlashAttention-2 on CUDA cores)
     merge    the decode splits combined
     launch   the plan (shape rule, grid, splits), the run, the checks and the two launchers
 """

@@ -53,7 +53,7 @@ def kernels(mode: str, k_kind: str, v_kind: str, q_kind: str, out_kind: str,
     return (
         decode.KERNELS(mode, k_kind, v_kind, q_kind, out_kind, head_dim, is_wide, group),
         merge_kernel(out_kind),
-        prefill.KERNELS(mode, k_kind, v_kind, q_kind, out_kind),
+        prefill.KERNELS(mode, k_kind, v_kind, q_kind, out_kind, head_dim, is_wide),
     )
 
 
