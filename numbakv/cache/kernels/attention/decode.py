@@ -25,12 +25,11 @@ import numpy as np
 
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import device_function, kernel, quant, storage, wide
-from numbakv.cache.kernels.attention import lanes, views
+from numbakv.cache.kernels.attention import lanes, tiles, views
 from numbakv.cache.kernels.attention.lanes import VEC
-from numbakv.cache.kernels.attention.tiles import PARTIALS, io_signature
+from numbakv.cache.kernels.attention.tiles import PARTIALS
 from numbakv.cache.kernels.placement import KV_SCALES, PAIRS, io_name, kind_name
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
-from numbakv.cache.kernels.storage import pool_dtypes
 from numbakv.formats import head_bytes
 
 ROW_HEADS = 2  # query heads per row group: 2 x TILE scores a step, one `wide.lane_sum4`
@@ -359,10 +358,7 @@ def KERNELS(mode: str, k_kind: str, v_kind: str, q_kind: str = "float", out_kind
         view, token, cell = views.CELL_VIEWS[mode]
         name = (f"attend_{mode}_decode{kind_name(k_kind, v_kind)}{io_name(q_kind, out_kind)}"
                 f"_d{head_dim}_h{warp_heads}{'' if is_wide else '_narrow'}")  # fmt: skip
-        pools = pool_dtypes(k_kind, v_kind)
-        if (q_kind, out_kind) != ("float", "float"):
-            pools = pools[:1]
-        sigs = signatures(view, pools, io_signature(q_kind), io_signature(out_kind))
+        pools, sigs = tiles.kernel_signatures(signatures, view, k_kind, v_kind, q_kind, out_kind)
         body = make_decode(
             token, cell, lanes.make_loader(k_kind, head_dim, is_wide),
             lanes.make_loader(v_kind, head_dim, is_wide), storage.IO_KINDS[q_kind][0],

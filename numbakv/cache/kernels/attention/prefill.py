@@ -41,11 +41,9 @@ from numbakv.cache.kernels.attention.tiles import (
     ZERO,
     T,
     index,
-    io_signature,
 )
 from numbakv.cache.kernels.placement import KV_SCALES, PAIRS, io_name, kind_name
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
-from numbakv.cache.kernels.storage import pool_dtypes
 
 BLOCKS_PER_SM = 3  # resident blocks asked of the compiler: 12 warps, at most 168 registers
 QUANTIZED = ("q8_0", "q4_0", "fp8_e4m3")  # kinds whose lane loads come with a scale
@@ -239,10 +237,7 @@ def KERNELS(mode: str, k_kind: str, v_kind: str, q_kind: str = "float", out_kind
         view, *of_mode = views.PREFILL_VIEWS[mode]
         name = (f"attend_{mode}_prefill{kind_name(k_kind, v_kind)}{io_name(q_kind, out_kind)}"
                 f"_d{head_dim}{'' if is_wide else '_narrow'}")  # fmt: skip
-        pools = pool_dtypes(k_kind, v_kind)
-        if (q_kind, out_kind) != ("float", "float"):
-            pools = pools[:1]
-        sigs = signatures(view, pools, io_signature(q_kind), io_signature(out_kind))
+        _, sigs = tiles.kernel_signatures(signatures, view, k_kind, v_kind, q_kind, out_kind)
         scaled = (is_wide and k_kind in QUANTIZED, is_wide and v_kind in QUANTIZED)
         body = make_prefill(
             of_mode, tiles.layout(head_dim), lanes.make_loader(k_kind, head_dim, is_wide),

@@ -79,6 +79,17 @@ def io_signature(io_kind: str) -> str:
     return f"{storage.IO_KINDS[io_kind][1][0]}[:, :, ::1]"
 
 
+def kernel_signatures(signatures, view: str, k_kind: str, v_kind: str, q_kind: str,
+                      out_kind: str) -> tuple[list, list[str]]:  # fmt: skip
+    """(pool dtype pairs, signatures) an attention kernel of these kinds compiles for:
+    `signatures(view, pools, q, out)` over the pairs of `storage.pool_dtypes`, only the
+    first pair when q or out holds bfloat16 patterns (the io code is one branch)."""
+    pools = storage.pool_dtypes(k_kind, v_kind)
+    if (q_kind, out_kind) != ("float", "float"):
+        pools = pools[:1]
+    return pools, signatures(view, pools, io_signature(q_kind), io_signature(out_kind))
+
+
 PARTIALS = "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1]"  # acc, m, l
 
 
