@@ -111,27 +111,20 @@ class Bench:
         self, case: Case, stream: object = None, seq_ids: list[int] | None = None
     ) -> Measurement:
         """Runs one step of `case` under a counter: declare and prepare (with `stream` when
-        given and the cache takes one), write and attend every layer, mask() if asked."""
-        cache = self.cache
+        given and the cache takes one), write and attend every layer, mask() if asked. A
+        case without `out=` runs its step once before, uncounted (the steady state)."""
         seq_ids = self.seq_ids(case.shape) if seq_ids is None else list(seq_ids)
         width = len(seq_ids)
-        if case.inputs == "device":
-            k, v, q, out = self.device_inputs(width)
-            attend_options = {"out": out} if self.takes_out else {}
-        else:
+        if case.inputs == "host":
             k, v, q = self.host_inputs(width)
-            attend_options = {}
+        else:
+            k, v, q, out = self.device_inputs(width)
+        attend_options = {"out": out} if case.inputs == "device" and self.takes_out else {}
         prepare_options = {"stream": stream} if stream is not None and self.takes_stream else {}
+        if case.inputs != "device":
+            self._step(case, seq_ids, (k, v, q), attend_options, prepare_options)
         with count_device_calls() as calls:
-            cache.declare_step(seq_ids)
-            step = cache.prepare_step(**prepare_options)
-            marks = [calls.mark()]
-            for layer in range(self.config.n_layers):
-                cache.write(layer, k, v)
-                cache.attend(layer, q, mode=case.mode, **attend_options)
-                marks.append(calls.mark())
-            if case.read_mask:
-                step.mask(WINDOW)
+            marks = self._step(case, seq_ids, (k, v, q), attend_options, prepare_options, calls)
         return Measurement(
             case=case,
             calls=calls,
@@ -141,6 +134,20 @@ class Bench:
             passed_stream=stream,
             own_streams=self.own_streams,
         )
+
+    def _step(self, case, seq_ids, kvq, attend_options, prepare_options, calls=None) -> list:
+        """One step of `case`; the marks of `calls` after prepare and after each layer."""
+        cache, (k, v, q) = self.cache, kvq
+        cache.declare_step(seq_ids)
+        step = cache.prepare_step(**prepare_options)
+        marks = [calls.mark()] if calls is not None else []
+        for layer in range(self.config.n_layers):
+            cache.write(layer, k, v)
+            cache.attend(layer, q, mode=case.mode, **attend_options)
+            marks += [calls.mark()] if calls is not None else []
+        if case.read_mask:
+            step.mask(WINDOW)
+        return marks
 
 
 def windows_for(n_layers: int) -> tuple[int, ...]:

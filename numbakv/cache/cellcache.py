@@ -13,6 +13,7 @@ from numbakv.cache.graph import Capture, not_while_capturing
 from numbakv.cache.inspection import Inspection
 from numbakv.cache.kernels import attention, masks, placement, seq_cells, storage, verbs
 from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
+from numbakv.cache.lending import Lender
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
 from numbakv.cache.saving import Saving
@@ -75,6 +76,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
             ) from error
         self._pool = DevicePool(config, allocator)
         self._plans = Plans(config, self._pool.kinds)
+        self._lender = Lender(config.max_width)  # attend's default out, host inputs' uploads
         self._declared: np.ndarray | None = None
         self._step: Step | None = None
         self._written: set[int] = set()  # layers written in this step
@@ -255,7 +257,9 @@ class CellCache(Observable, Inspection, Capture, Saving):
         k, v = (inputs.floats(name, x, inputs.KV_DTYPES) for name, x in (("k", k), ("v", v)))
         check_shape("k", k.shape, shape)
         check_shape("v", v.shape, shape)
-        k, v = inputs.on_device([k, v], inputs.KV_DTYPES, step.stream, self._in_capture())
+        k, v = inputs.on_device(
+            [k, v], inputs.KV_DTYPES, step.stream, self._lender, self._in_capture()
+        )
         pool = self._pool
         placement.launch_scatter_kv(
             k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream,
@@ -280,8 +284,9 @@ class CellCache(Observable, Inspection, Capture, Saving):
                 equal the reference's attend.
         out   : a float32, float16 or bfloat16 (DLPack; rounded to nearest even) device
                 tensor [width, n_heads, head_dim] to write into, strided as q may be (a numba
-                view of it is returned, uint16 patterns for bfloat16); default a new
-                float32 one, allocated on the step's stream, whose
+                view of it is returned, uint16 patterns for bfloat16); default a float32
+                one lent by the cache on the step's stream (`lending`: yours until you drop
+                it, then reused, allocation-free once warm), whose
                 `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
         Returned in the caller's kind (`numbakv.tensors`): a torch `out` as itself; for a
@@ -306,8 +311,8 @@ class CellCache(Observable, Inspection, Capture, Saving):
         capturing = self._in_capture()
         if out is None and tensors.is_cuda_tensor(caller) and not capturing:
             given = out = caller.new_empty(tuple(caller.shape))  # q's dtype, q's device
-        out = inputs.output(out, q.shape, step.stream, capturing)
-        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, capturing)
+        out = inputs.output(out, q.shape, step.stream, self._lender, capturing)
+        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, self._lender, capturing)
         window = self.config.windows[layer]
         io = (storage.io_kind(q.dtype), storage.io_kind(out.dtype))
         pool = self._pool

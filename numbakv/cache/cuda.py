@@ -4,10 +4,13 @@ The device is chosen first (`numbakv.cache.device`, which sets numba's simulator
 from NUMBAKV_DEVICE before numba is imported), so a move to another CUDA binding for
 Python is a change to this file. Here too: `device_info`, the driver's out-of-memory
 error the pool turns into `AllocationError`, a device array over a DLPack export
-(`wrap_export`), the two cuda.core calls a CUDA graph needs, `asm_loader` (an inline-PTX
-load of one array row, the one way numba reaches a 128-bit load: `kernels.wide`),
-and, on the simulator, the fixes of `numbakv.cache.simulator`, installed at import.
+(`wrap_export`), a device array lent from a pool's block (`lend`), the two cuda.core
+calls a CUDA graph needs, `asm_loader` (an inline-PTX load of one array row, the one
+way numba reaches a 128-bit load: `kernels.wide`), and, on the simulator, the fixes of
+`numbakv.cache.simulator`, installed at import.
 """
+
+import weakref
 
 import numpy as np
 
@@ -232,6 +235,37 @@ def wrap_export(exported: Exported):
         "version": 3,
     }
     return cuda.from_cuda_array_interface(interface, owner=exported.owner, sync=False)
+
+
+class _Lent:
+    """The owner of a lent array's memory (`lend`): alive while the array or any view of it
+    is (each holds its owner), and holding the pool's block alive in turn."""
+
+    def __init__(self, block):
+        self.block = block
+
+
+def lend(block, shape: tuple[int, ...], stream, on_return):
+    """A C-contiguous device array of `shape` over the first bytes of the device array
+    `block` (its dtype) on `stream`, no allocation; `on_return()` runs once it and every
+    view of it are gone, so that a pool may lend the block again (`numbakv.cache.lending`)."""
+    owner = _Lent(block)
+    weakref.finalize(owner, on_return)
+    interface = {
+        "shape": tuple(shape),
+        "strides": None,
+        "typestr": block.dtype.str,
+        "data": (device_address(block), False),
+        "version": 3,
+    }
+    if IS_SIMULATOR:  # a NumPy array over the block whose base is the owner
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        owner.__array_interface__ = interface
+        return FakeCUDAArray(np.asarray(owner), stream=stream)
+    array = cuda.from_cuda_array_interface(interface, owner=owner, sync=False)
+    array.stream = stream  # what its __cuda_array_interface__ names, as an allocation's
+    return array
 
 
 def device_address(array) -> int:

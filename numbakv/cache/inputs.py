@@ -15,6 +15,7 @@ import numpy as np
 
 from numbakv import dlpack, tensors
 from numbakv.cache.cuda import IS_SIMULATOR, cuda, wrap_export
+from numbakv.cache.lending import Lender
 from numbakv.checks import check_shape, host_floats
 from numbakv.errors import StepError
 
@@ -92,11 +93,14 @@ def _numba_view(name: str, x):
         ) from error
 
 
-def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = False) -> list:
+def on_device(
+    xs: list, dtypes: tuple[np.dtype, ...], stream, lender: Lender, capturing: bool = False
+) -> list:
     """The checked arrays `xs` (from `floats`) on the device, in one dtype: that of the device
     arrays among them, else the host arrays' shared dtype when it is one of `dtypes`, else
-    float32 (host arrays are converted to it and copied on `stream`; refused while a step is
-    captured, where the copy would not be part of the graph)."""
+    float32 (host arrays are converted to it and copied on `stream` into arrays `lender`
+    lends; refused while a step is captured, where the copy would not be part of the
+    graph)."""
     if capturing and any(isinstance(x, np.ndarray) for x in xs):
         raise StepError(
             "a step being captured takes device arrays only: a host array's copy would run "
@@ -119,24 +123,24 @@ def on_device(xs: list, dtypes: tuple[np.dtype, ...], stream, capturing: bool = 
     else:
         common = np.dtype(np.float32)
     return [
-        cuda.to_device(np.ascontiguousarray(x, dtype=common), stream=stream)
+        lender.upload(np.ascontiguousarray(x, dtype=common), stream)
         if isinstance(x, np.ndarray)
         else x
         for x in xs
     ]
 
 
-def output(out, shape: tuple[int, ...], stream, capturing: bool = False):
+def output(out, shape: tuple[int, ...], stream, lender: Lender, capturing: bool = False):
     """The device array `attend` writes: `out` checked (a float32, float16 or bfloat16
-    (DLPack) device tensor of `shape`, its last axis contiguous), or a new float32 one
-    allocated on `stream` (not while capturing)."""
+    (DLPack) device tensor of `shape`, its last axis contiguous), or a float32 one `lender`
+    lends on `stream` (not while capturing)."""
     if out is None and capturing:
         raise StepError(
             f"attend() in a captured step needs out= (a float32 device array {list(shape)}): "
             "an allocation would happen once and its array be reused by every replay"
         )
     if out is None:
-        return cuda.device_array(shape, np.float32, stream=stream)
+        return lender.empty(shape, np.float32, stream)
     if not is_device_array(out):
         raise StepError(
             f"out is a {type(out).__name__}; give a float32, float16 or bfloat16 device "

@@ -45,6 +45,9 @@ A row is kept packed in registers as loaded and widened element by element where
 used: 16 bytes of float16 hold 8 elements in 4 registers.
 """
 
+import ctypes
+import weakref
+
 import numpy as np
 
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
@@ -54,24 +57,27 @@ VEC = 8  # elements a lane loads per row: 16 bytes of float16
 FULL = np.uint32(0xFFFFFFFF)  # every lane of a warp
 
 
-_FLAT_VIEWS: dict = {}  # id of a host array -> (the array, its flat view, its row stride)
+_FLAT_VIEWS: dict = {}  # id of a host array -> (a weak reference to it, flat view, row stride)
 
 
 def _flat(array) -> tuple:
     """(a 1-D view of the memory `array` spans, its row stride in elements): what the GPU's
     row addressing reads, for a simulator array (its numpy array unwrapped, the view kept
-    for the array's next access)."""
+    for the array's next access). The view is over the memory's address, not the array,
+    and kept beside a weak reference: keeping a view does not keep an array alive (a lent
+    array's block goes back to its pool when its caller drops it, `cache.lending`)."""
     host = array.__dict__.get("_item", array)  # a simulated kernel's argument wrapper
     host = getattr(host, "_ary", host)
     found = _FLAT_VIEWS.get(id(host))
-    if found is None or found[0] is not host:
+    if found is None or found[0]() is not host:
         item = host.itemsize
         axes = zip(host.shape, host.strides, strict=True)
         span = 1 + sum((n - 1) * stride // item for n, stride in axes)
-        flat = np.lib.stride_tricks.as_strided(host, shape=(span,), strides=(item,))
+        memory = (ctypes.c_char * (span * item)).from_address(host.ctypes.data)
+        flat = np.frombuffer(memory, dtype=host.dtype)
         if len(_FLAT_VIEWS) > 256:  # views of arrays no launch uses any more
             _FLAT_VIEWS.clear()
-        found = _FLAT_VIEWS[id(host)] = host, flat, host.strides[0] // item
+        found = _FLAT_VIEWS[id(host)] = weakref.ref(host), flat, host.strides[0] // item
     return found[1], found[2]
 
 
