@@ -140,9 +140,20 @@ class CacheConfig:
 
     @property
     def storage_dtype(self) -> np.dtype:
-        """The dtype of the arrays of `dtype`: float32, float16, uint16 (bfloat16 bit
-        patterns) or uint8 (q8_0, q4_0, fp8_e4m3 bytes)."""
-        return ARRAY_DTYPES[self.dtype]
+        """The dtype of the arrays of the format every K and V has (`uniform_dtype`), else of
+        `dtype` (per pool: `pool_dtype`): float32, float16, uint16 (bfloat16 bit patterns)
+        or uint8 (q8_0, q4_0, fp8_e4m3 bytes)."""
+        return ARRAY_DTYPES[self.uniform_dtype or self.dtype]
+
+    def pool_dtype(self, layer: int, which: int) -> np.dtype:
+        """The dtype of layer `layer`'s K (which 0) or V (which 1) array."""
+        return ARRAY_DTYPES[self._formats[layer][which]]
+
+    @property
+    def tolerance(self) -> float:
+        """The default attention tolerance (`TOLERANCE`) of what this config stores: that of
+        its loosest format, over every layer's K and V."""
+        return max(TOLERANCE[f] for pair in self._formats for f in pair)
 
     def pool_shape(self, layer: int, which: int, rows: int) -> tuple[int, int, int]:
         """[rows, n_kv_heads, row width] of layer `layer`'s K (which 0) or V (which 1)."""

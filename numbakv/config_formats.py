@@ -18,10 +18,12 @@ def format_name(name: str, value) -> str:
     ml_dtypes.bfloat16), or ConfigError naming `name`."""
     if isinstance(value, str) and value in FORMATS:
         return value
-    try:
-        text = np.dtype(value).name
-    except TypeError:
-        text = repr(value)
+    text = repr(value)
+    if not isinstance(value, dict | list | tuple | set | bytes):  # JSON's shapes: never one
+        try:
+            text = np.dtype(value).name
+        except Exception:  # NumPy raises TypeError, ValueError or its own for a bad spec
+            text = repr(value)
     if text not in FORMATS:
         raise ConfigError(
             f"{name}={short_repr(value)} is not a storage format; give one of {FORMATS}"

@@ -8,7 +8,6 @@ from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
 from numbakv.checks import check_layer
-from numbakv.formats import ARRAY_DTYPES
 from numbakv.observe import check_cells, locked
 
 
@@ -136,9 +135,9 @@ class Inspection:
         bytes); `pool_values` gives what attention reads."""
         layer = check_layer(layer, self.config.n_layers)
         if self._pool.rows == 0:
-            formats = self.config.formats[layer]
+            cfg = self.config
             return tuple(
-                np.zeros(self.config.pool_shape(layer, which, 0), ARRAY_DTYPES[formats[which]])
+                np.zeros(cfg.pool_shape(layer, which, 0), cfg.pool_dtype(layer, which))
                 for which in (0, 1)
             )
         return self._to_host(self._pool.k[layer], self._pool.v[layer])

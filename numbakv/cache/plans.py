@@ -7,8 +7,9 @@ is one per n_heads.
 """
 
 from numbakv.cache.kernels import attention
+from numbakv.cache.pool import ALLOCATION_ERRORS
 from numbakv.config import CacheConfig
-from numbakv.errors import StepError
+from numbakv.errors import AllocationError, StepError
 
 
 class Plans:
@@ -64,7 +65,14 @@ class Plans:
         if n_heads not in self._workspaces:
             cfg = self.config
             widest = attention.decode_width_limit(cfg.max_width, n_heads, cfg.n_kv_heads)
-            self._workspaces[n_heads] = attention.split_workspace(
-                widest, n_heads, cfg.head_dim, stream=stream
-            )
+            try:
+                self._workspaces[n_heads] = attention.split_workspace(
+                    widest, n_heads, cfg.head_dim, stream=stream
+                )
+            except (*ALLOCATION_ERRORS, ValueError, OverflowError) as error:  # NumPy's size
+                n_bytes = widest * n_heads * attention.MAX_SPLITS * (cfg.head_dim + 2) * 4
+                raise AllocationError(
+                    f"could not allocate the decode workspace of n_heads={n_heads} ({n_bytes:,} "
+                    "bytes) on the device; lower n_heads or max_width"
+                ) from error
         return self._workspaces[n_heads]

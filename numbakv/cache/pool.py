@@ -9,7 +9,6 @@ from numbakv.cache.cuda import DRIVER_ERRORS, cuda
 from numbakv.cache.kernels import storage
 from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError
-from numbakv.formats import ARRAY_DTYPES
 
 Allocator = Callable[[tuple[int, ...], np.dtype], object]  # (shape, dtype) -> device array
 ALLOCATION_ERRORS = (MemoryError, AllocationError, *DRIVER_ERRORS)
@@ -69,7 +68,7 @@ class DevicePool:
         cfg, n = self.config, self.config.n_layers
         try:
             fresh = [
-                self.allocator(cfg.pool_shape(i, which, rows), ARRAY_DTYPES[cfg.formats[i][which]])
+                self.allocator(cfg.pool_shape(i, which, rows), cfg.pool_dtype(i, which))
                 for which in (0, 1)
                 for i in range(n)
             ]

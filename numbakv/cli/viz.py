@@ -8,6 +8,7 @@ from numbakv.cli.args import CHECK, fail, input_file, integer, output_file, span
 
 KINDS = ("all", "cells", "timeline", "metrics", "mask", "locality", "movie")
 ONE_STEP = ("cells", "mask")  # pictures of the step --step names: --steps does not apply
+MAX_BIN = 1 << 40  # cells per pixel column: past any pool's cells, within an int64
 NO_CELLS = ("metrics", "locality")  # pictures of figures per step: --cells and --bin do not
 NO_OWNERS = ("mask", "metrics", "locality")  # pictures without owners' colours: no --by
 
@@ -34,9 +35,10 @@ def add_command(commands) -> None:
     viz.add_argument("--steps", type=span, metavar="A:B", help="only recorded steps [A, B)")
     viz.add_argument(
         "--bin",
-        type=integer("--bin", 1),
+        type=integer("--bin", 1, MAX_BIN),
         metavar="N",
-        help="cells per pixel column (default: what fits; a big pool is drawn in blocks)",
+        help="cells per pixel column, at most 2^40 (default: what fits; a big pool is drawn "
+        "in blocks)",
     )
     viz.add_argument(
         "--dpi", type=integer("--dpi", 10, 600), default=100, help="pixels per inch (10-600)"

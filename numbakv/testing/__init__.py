@@ -2,9 +2,9 @@
 
     CacheUnderTest   what a cache under test must answer (a `typing.Protocol`), and what
                      of a `Step` depends on the layout (SEMANTIC_FIELDS, LAYOUT_FIELDS)
-    check_cache      random workloads against the reference (`decode`: one integer per op),
-                     shrunk to an op script on failure (needs hypothesis: `pip install
-                     numbakv[testing]`); a `prefix` of ops before each, a `check` hook
+    check_cache      random workloads against the reference (`decode`: one integer per op;
+                     `kinds=(*KINDS, "reload")` picks their ops), shrunk to an op script on
+                     failure; a `prefix` of ops before each, a `check` hook
     Op, run_script   one workload as an op script, run on both and compared after every op
                      (`Runner`): outcomes, state, a refusal changing nothing, stale steps,
                      the cache's own `check_invariants()`, a cell layout's K/V bytes
@@ -16,7 +16,7 @@
                      `numbakv replay OPLOG --against module:factory`; `trace_ops` reads
                      the same ops from a trace of `Recorder(cache, every_verb=True)`
 
-Imports no numba; hypothesis only when `check_cache` runs.
+Imports no numba, and nothing beyond numbakv's own dependencies.
 """
 
 from numbakv.testing.attention import (
@@ -36,11 +36,12 @@ from numbakv.testing.ops import Divergence, Op, Runner, run_script, script
 from numbakv.testing.protocol import LAYOUT_FIELDS, SEMANTIC_FIELDS, CacheUnderTest, StepLike
 from numbakv.testing.refusals import REFUSALS
 from numbakv.testing.replay import replay, shrink_ops
-from numbakv.testing.workloads import Swarm, decode
+from numbakv.testing.workloads import KINDS, Swarm, decode
 
 __all__ = [
     "DEFAULT_CONFIGS",
     "HAZARDS",
+    "KINDS",
     "LAYOUT_FIELDS",
     "QUANTIZED_CONFIGS",
     "REFUSALS",

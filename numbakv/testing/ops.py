@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.checks import as_host
-from numbakv.config import TOLERANCE, CacheConfig
+from numbakv.config import CacheConfig
 from numbakv.errors import CacheError
 from numbakv.testing.compare import differences, outcome_difference, said
 from numbakv.testing.state import after_op, observed, refusal_changed, track_step
@@ -203,7 +203,7 @@ class Runner:
         if reference is None:
             from numbakv.reference import CellCache as reference
         self.config, self.compare, self.check, self.ops = config, compare, check, []
-        self.tolerance = TOLERANCE[config.dtype] if tolerance is None else tolerance
+        self.tolerance = config.tolerance if tolerance is None else tolerance
         self.op_timeout, self.watch = op_timeout, watch
         self.replay_keywords = "".join(  # the run_script keywords that replay this runner's ops
             text for text, given in ((f", compare={compare!r}", compare != "semantic"),
@@ -348,8 +348,9 @@ def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
                  window's mask (uint8 [width, read_len]) and, when the cache has `pool_kv`,
                  the K/V bytes of every occupied cell.
     tolerance  : of attention outputs, relative to max(1, the row's largest |value|); by
-                 default `numbakv.config.TOLERANCE` of the storage dtype (a cache may compute
-                 in it); give TOLERANCE["float32"] for a cache that computes in float32
+                 default `config.tolerance`, `numbakv.config.TOLERANCE` of the loosest
+                 format any layer's K or V stores (a cache may compute in it); give
+                 TOLERANCE["float32"] for a cache that computes in float32
     check      : an optional hook, `check(reference, cache, op, expected, got)`, called
                  after every op once the built-in comparisons agree: `expected` and `got`
                  are the reference's and the cache's (result, error) — result what `apply`
