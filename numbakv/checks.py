@@ -88,7 +88,10 @@ def token_ids(name: str, tokens, vocab_size: int, error: type[Exception]) -> lis
             )
         tokens = tokens.tolist()
     elif isinstance(tokens, str | bytes | bytearray) or not isinstance(tokens, Sequence):
-        raise error(f"{name} must be {expected}, got {tokens!r}; give list(...) of the ids")
+        raise error(
+            f"{name} must be {expected}, got a {type(tokens).__name__} "
+            f"{short_repr(tokens)}; give list(...) of the ids"
+        )
     hint = f"; {name} holds {expected}"
     checked = [as_int(f"{name}[{i}]", t, error, hint) for i, t in enumerate(tokens)]
     if not checked:

@@ -115,6 +115,7 @@ class TransformersModel:
                makes the cache that fits (`cache_config(hf.config, ...)` too, where the
                config says what the layers do)
     hf_model : the model, put in eval mode, its attention implementation set to "numbakv"
+    stop_tokens : the ids its own `generate` stops at (`eos_ids`): the Engine's default
 
     Refused (ConfigError, the model left as it was) when it is no causal LM, when its config
     asks for what numbakv does not implement (`hf_config.check_supported`: soft-capping,
@@ -143,6 +144,7 @@ class TransformersModel:
         if len(devices) != 1:
             raise ConfigError(f"the model's parameters lie on {devices}; give it one device")
         self.hf_model, self._shape = hf_model, shape
+        self.stop_tokens = eos_ids(hf_model)
         self._device = next(hf_model.parameters()).device
         previous, training = hf_config._attn_implementation, hf_model.training
         try:
@@ -222,6 +224,16 @@ class TransformersModel:
         finally:
             _FORWARD.reset(entered)
         return out.logits[0]
+
+
+def eos_ids(hf_model) -> frozenset[int]:
+    """The ids transformers' `generate` stops at: the generation config's eos_token_id (an
+    int or a list of them), else the model config's; none where neither names one."""
+    eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(hf_model.config, "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list | tuple) else []
+    return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
 
 
 def _check_layers(hf_model, n_layers: int) -> None:

@@ -126,15 +126,19 @@ class Engine(SavedConversations):
         prompt: str | Sequence[int],
         max_new_tokens: int = 16,
         sampling: Sampling = GREEDY,
-        stop_tokens: Sequence[int] = (),
+        stop_tokens: Sequence[int] | None = None,
         n: int = 1,
         on_token: Callable[[TokenEvent], None] | None = None,
         cache_salt: str | None = None,
     ) -> int:
         """Queues a request and returns its id; it joins the batch at the next `step()` that
         has sessions for it. `prompt` is text (the tokenizer makes it tokens) or token ids
-        (ints, not bools) in [0, executor.vocab_size); `stop_tokens` any collection of such
-        ids; `on_token` a callable or None; `cache_salt` None or a str (prefixes are
+        (ints, not bools) in [0, executor.vocab_size), a 1-d integer array or torch
+        tensor of them, or a mapping with "input_ids" (a transformers `BatchEncoding`);
+        `stop_tokens` any collection of such ids, default None: the model's end-of-turn
+        ids (a transformers model's eos, as its own `generate` stops) and the tokenizer's
+        `eos_token_id`, where they have them (`()` stops at none); `on_token` a callable
+        or None; `cache_salt` None or a str (prefixes are
         shared only between requests of one salt). Refused (ConfigError, CapacityError)
         with nothing changed (no id used, nothing queued) when an argument is wrong or the
         request could never run."""
@@ -227,7 +231,7 @@ class Engine(SavedConversations):
         prompts: Sequence[str | Sequence[int]],
         max_new_tokens: int = 16,
         sampling: Sampling = GREEDY,
-        stop_tokens: Sequence[int] = (),
+        stop_tokens: Sequence[int] | None = None,
         n: int = 1,
         on_token: Callable[[TokenEvent], None] | None = None,
         cache_salt: str | None = None,

@@ -71,6 +71,11 @@ class Lockstep:
         return self.executor.cache
 
     @property
+    def model(self):
+        """The executor's model (what the engine reads its default stop tokens from)."""
+        return self.executor.model
+
+    @property
     def forward_counts(self):
         """How `executor`'s forwards ran (`ForwardCounts`): the engine's metrics show it."""
         return self.executor.forward_counts

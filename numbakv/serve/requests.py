@@ -10,6 +10,7 @@ from typing import Literal
 
 import numpy as np
 
+from numbakv import tensors
 from numbakv._deprecated import renamed
 from numbakv.checks import as_int, int_at_least, token_ids
 from numbakv.errors import CapacityError, ConfigError
@@ -204,7 +205,10 @@ def check_submission(
     max_new_tokens = int_at_least("max_new_tokens", max_new_tokens, 1)
     n = int_at_least("n", n, 1)
     check_sampling(sampling)
-    stop_tokens = check_stop_tokens(stop_tokens, executor.vocab_size)
+    if stop_tokens is None:
+        stop_tokens = default_stop_tokens(executor, tokenizer)
+    else:
+        stop_tokens = check_stop_tokens(stop_tokens, executor.vocab_size)
     check_on_token(on_token)
     if n > executor.max_sessions:
         raise CapacityError(
@@ -231,19 +235,47 @@ def check_submission(
 
 
 def prompt_tokens(prompt, tokenizer, vocab_size: int) -> list[int]:
-    """The prompt's tokens (text through `tokenizer`, or token ids as they are), or
-    ConfigError when they are none, not ints or outside [0, vocab_size)."""
+    """The prompt's tokens: text through `tokenizer`; token ids as a sequence of ints or a
+    1-d integer array or torch tensor; or a mapping with "input_ids" of those (what a
+    transformers tokenizer returns, a `BatchEncoding`). ConfigError naming what it got when
+    it is none of these, or the ids are none, not ints or outside [0, vocab_size)."""
     if isinstance(prompt, str):
         tokens = tokenizer.encode(prompt)
         return token_ids("tokenizer.encode(prompt)", tokens, vocab_size, ConfigError)
-    return token_ids("prompt", prompt, vocab_size, ConfigError)
+    name = "prompt"
+    if isinstance(prompt, Mapping):
+        if "input_ids" not in prompt:
+            keys = sorted(str(k) for k in prompt)[:4]
+            raise ConfigError(
+                f"prompt is a {type(prompt).__name__} without input_ids (keys {keys}); give "
+                "text, token ids, or a tokenizer's output (a mapping with input_ids)"
+            )
+        name, prompt = "prompt['input_ids']", prompt["input_ids"]
+    if tensors.is_torch(prompt):
+        prompt = prompt.detach().cpu().numpy()
+    return token_ids(name, prompt, vocab_size, ConfigError)
+
+
+def default_stop_tokens(executor, tokenizer) -> frozenset[int]:
+    """The tokens a request stops at when it names none: the served model's `stop_tokens`
+    (a transformers model's eos ids) and the tokenizer's `eos_token_id`, where they have
+    them; none for numbakv's own models and the byte tokenizer."""
+    model = getattr(executor, "model", None)
+    tokens = set(getattr(model, "stop_tokens", ()))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        tokens.add(eos)
+    return frozenset(t for t in tokens if 0 <= t < executor.vocab_size)
 
 
 def check_stop_tokens(stop_tokens, vocab_size: int) -> frozenset[int]:
     """The stop tokens as a set of ints in [0, vocab_size), or ConfigError. Any collection
-    of ids will do (a list, a tuple, a set, a 1-d array); a str, bytes, a mapping, a bare
-    int or None are refused."""
-    expected = f"a collection of token ids in [0, {vocab_size}), e.g. [2] or () for none"
+    of ids will do (a list, a tuple, a set, a 1-d array); a str, bytes, a mapping or a bare
+    int are refused (None, the model's default, is `default_stop_tokens`)."""
+    expected = (
+        f"a collection of token ids in [0, {vocab_size}), e.g. [2], () for none or None "
+        "for the model's"
+    )
     is_text = isinstance(stop_tokens, str | bytes | bytearray)
     if is_text or isinstance(stop_tokens, Mapping) or not isinstance(stop_tokens, Collection):
         hint = "; tokenizer.encode(text) gives a text's ids" if is_text else ""

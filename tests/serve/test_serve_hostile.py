@@ -85,7 +85,7 @@ SUBMIT_REFUSALS = [
     (dict(prompt="x", sampling=Sampling), ConfigError, "expected a Sampling"),
     (dict(prompt="x", stop_tokens="a"), ConfigError, r"stop_tokens must be .*tokenizer.encode"),
     (dict(prompt="x", stop_tokens=5), ConfigError, r"stop_tokens must be .*e.g. \[2\]"),
-    (dict(prompt="x", stop_tokens=None), ConfigError, r"stop_tokens must be .*\(\) for none"),
+    (dict(prompt="x", stop_tokens=object()), ConfigError, r"stop_tokens .*None for the model"),
     (dict(prompt="x", stop_tokens={1: 2}), ConfigError, "stop_tokens must be"),
     (dict(prompt="x", stop_tokens=[True]), ConfigError, "a stop token must be an integer"),
     (dict(prompt="x", stop_tokens=[1.0]), ConfigError, "a stop token must be an integer"),
