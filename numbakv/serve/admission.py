@@ -90,8 +90,9 @@ class Admission:
             return False
         for sample, session, m, reloaded in opened:
             sample.session, sample.n_fed = session, m
-            if resumed:
-                r.n_recomputed_tokens += max(0, sample.n_done - m)
+            if resumed:  # prompt positions it never computed, now hit: cached, not computed
+                n_prompt = len(r.prompt)
+                r.n_cached_tokens += max(0, min(m, n_prompt) - min(sample.n_done, n_prompt))
             else:
                 r.samples.append(sample)
                 r.n_cached_tokens, r.n_host_cached_tokens = m, reloaded
@@ -100,6 +101,20 @@ class Admission:
         seqs = [session for _, session, _, _ in opened]
         self.notes("resume" if resumed else "admit", request=r.id, seqs=seqs)
         return True
+
+    def recomputing(self, batch: list[Work]) -> list[tuple[Request, int]]:
+        """Per prefill work of `batch`, before it runs: (its request, the positions it
+        computes again), those below what its sample held before a preemption (`n_done`).
+        Counted once they ran, so a request preempted again before recomputing them does
+        not count them twice."""
+        again, fed = [], {}  # fed: where each session's next work starts (one may have two)
+        for w in batch:
+            r, sample = self.running[w.session]
+            start = fed.get(w.session, sample.n_fed)
+            fed[w.session] = start + w.n_tokens
+            if w.kind == "prefill":
+                again.append((r, max(0, min(start + w.n_tokens, sample.n_done) - start)))
+        return again
 
     def reserved(self) -> int:
         """Sessions the running requests' forks will still take."""

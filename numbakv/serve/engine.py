@@ -27,13 +27,7 @@ from numbakv.checks import as_int, int_at_least
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
 from numbakv.serve.admission import Admission
-from numbakv.serve.events import (
-    Annotate,
-    Notes,
-    call_back,
-    check_annotate,
-    check_not_in_callbacks,
-)
+from numbakv.serve.events import Annotate, Notes, call_back, check_annotate, check_not_in_callbacks
 from numbakv.serve.executor import Input, Output
 from numbakv.serve.faults import Observed, StepFaults, completes
 from numbakv.serve.memory import Sessions
@@ -288,6 +282,7 @@ class Engine(SavedConversations):
         if not batch:
             return [], {}
         starts = {w.session: self._running[w.session][1].n_fed for w in reversed(batch)}
+        again = self._admission.recomputing(batch)
         inputs = [self._input(work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
@@ -302,6 +297,8 @@ class Engine(SavedConversations):
         self.n_steps += 1
         for r in requests.values():
             r.n_steps += 1
+        for r, n in again:
+            r.n_recomputed_tokens += n
         events: list[TokenEvent] = []
         for work, out in zip(batch, outputs, strict=True):
             if out.token is not None:

@@ -44,10 +44,12 @@ class RequestMetrics:
     n_steps                : engine steps that ran any of the request's tokens
     n_tokens               : tokens generated over all samples
     n_prompt_tokens        : tokens of its prompt
-    n_cached_tokens        : of those, served from the prefix cache when it was admitted
-                             (an OpenAI-style usage `cached_tokens`): from the pool and
-                             from its host tier together
-    n_recomputed_tokens    : tokens computed again after a preemption (never hits)
+    n_cached_tokens        : of those, served from the prefix cache and never computed
+                             by it (an OpenAI-style usage `cached_tokens`): the hit when
+                             admitted, and a resume's hit past what it had computed; from
+                             the pool and from its host tier together
+    n_recomputed_tokens    : positions computed again after a preemption, each time they
+                             were (never hits)
     n_preemptions          : times it was preempted
     n_host_cached_tokens   : of n_cached_tokens, those reloaded from host memory (the rest,
                              `n_pool_cached_tokens`, were in the pool)"""

@@ -135,6 +135,11 @@ class SavedConversations:
         cache = getattr(self.executor, "cache", None)
         if cache is not None:  # before room is made: a foreign state evicts nothing
             load_plan(state, cache.config, False)
+        limit = self.executor.max_session_tokens
+        if state.end > limit:  # static too: refused before anything is evicted
+            raise CapacityError(
+                f"the conversation ends at position {state.end}, past max_session_tokens={limit}"
+            )
         sessions = self._sessions
         if not sessions.room_for_sessions(1, self._admission.reserved()):
             raise CapacityError("no session is free for the conversation: requests hold them")

@@ -211,9 +211,18 @@ def test_engine_load_refusals(tmp_path):
     config = MODEL.config.cache_config(capacity=8, max_width=8, max_seqs=2)
     small_executor = Executor(MODEL, CellCache(config), 1, 8)
     small = Engine(small_executor, prefix_cache=PrefixCache(small_executor))
-    with pytest.raises(CapacityError, match="cells"):
+    with pytest.raises(CapacityError, match="max_session_tokens=8"):
         small.load(state)
     assert small.prefix_cache.n_cells == 0 and small.executor.sessions == []
+    config = MODEL.config.cache_config(capacity=24, max_width=16, max_seqs=4)
+    busy_executor = Executor(MODEL, CellCache(config), 3, 24, oversubscribe=True)
+    busy = Engine(busy_executor, prefix_cache=PrefixCache(busy_executor))
+    busy.submit(list(range(16)), max_new_tokens=4)
+    busy.step()  # a running request holds 16 of the 24 cells: none can be given back
+    before = (busy.prefix_cache.n_cells, busy_executor.free_cells, busy_executor.sessions)
+    with pytest.raises(CapacityError, match=f"no room for a conversation of {state.n_tokens}"):
+        busy.load(state)
+    assert (busy.prefix_cache.n_cells, busy_executor.free_cells, busy_executor.sessions) == before
 
 
 def test_a_foreign_conversation_is_refused_before_anything_is_evicted(tmp_path):
@@ -234,6 +243,23 @@ def test_a_foreign_conversation_is_refused_before_anything_is_evicted(tmp_path):
     bad = dataclasses.replace(state, tokens=np.full(state.end, -3, np.int64))
     with pytest.raises(StateError, match="token ids"):
         engine.load(bad)
+
+
+def test_a_conversation_past_max_session_tokens_is_refused_before_anything_is_evicted(tmp_path):
+    """Engine.load checks the state's length before it makes room (issue 45: a refusal
+    after evicting 52 -> 15 cached cells)."""
+    engine = chat_engine()
+    [done] = engine.generate([PROMPT], max_new_tokens=5)
+    state = engine.save(done.request_id, tmp_path / "chat.npz")
+    config = MODEL.config.cache_config(capacity=24, max_width=16, max_seqs=8)
+    ex = Executor(MODEL, CellCache(config), 6, state.end - 1, oversubscribe=True)
+    short = Engine(ex, prefix_cache=PrefixCache(ex))
+    short.generate([list(range(9)), list(range(20, 29))], max_new_tokens=3)
+    before = (short.prefix_cache.n_cells, ex.free_cells, short.metrics.n_evicted_cells)
+    assert before[1] < state.n_tokens <= before[0] + before[1]  # room only by evicting
+    with pytest.raises(CapacityError, match=f"max_session_tokens={state.end - 1}"):
+        short.load(state)
+    assert (short.prefix_cache.n_cells, ex.free_cells, short.metrics.n_evicted_cells) == before
 
 
 def test_a_request_waiting_for_cells_reloads_nothing_until_it_is_placed():
