@@ -80,6 +80,8 @@ def _results(op: Op, want, have, compare: str, tolerance: float, n_tokens,
         return _read(op, want, have)
     if op.verb == "prepare":
         return _step_result(want, have, compare)
+    if op.verb == "save":
+        return _saved(want, have)
     if op.verb != "step":
         return None if want == have else f"returned {have!r}, the reference {want!r}"
     (step, outs), (their_step, their_outs) = want, have
@@ -93,6 +95,17 @@ def _results(op: Op, want, have, compare: str, tolerance: float, n_tokens,
         )
         if problem:
             return problem
+    return None
+
+
+def _saved(state, theirs) -> str | None:
+    """A saved state: the same start and positions, where the cache's state says them (its
+    K/V are held to the reference's where a load of it is attended)."""
+    for field in ("start", "positions"):
+        if hasattr(theirs, field):
+            a, b = np.asarray(getattr(state, field)), np.asarray(getattr(theirs, field))
+            if a.shape != b.shape or not np.array_equal(a, b):
+                return f"the saved state's {field} is {b.tolist()}, the reference's {a.tolist()}"
     return None
 
 

@@ -23,6 +23,11 @@ An op is a verb of docs/contract.md §2 with its arguments (`seq_new`, `seq_clon
                                    prepared step, stale or not: its value or the StepError
     Op("reload", (seq, start))     seq_load(seq_save(seq, start=start), onto=seq when start
                                    is not 0): the new id (docs/contract.md §13)
+    Op("save", (seq, start))       seq_save(seq, start=start): the state, which each side
+                                   keeps for a later load (what `OpLog` records)
+    Op("load", (source, onto[, convert]))  seq_load(state, onto=onto[, convert=]): source
+                                   the index of an earlier save op (each side loads the
+                                   state it saved; none saved: both refuse) or a `SeqState`
 
 Any exception the cache under test raises is an outcome: an error class the reference did
 not raise (an `IndexError`, a timeout past `op_timeout` seconds) is a `Divergence` like any
@@ -39,14 +44,16 @@ import numpy as np
 
 from numbakv.checks import as_host
 from numbakv.config import CacheConfig
-from numbakv.errors import CacheError
+from numbakv.errors import CacheError, StateError
+from numbakv.state import SeqState
 from numbakv.testing.compare import differences, outcome_difference, said
+from numbakv.testing.saved import SavedStates, by_position
 from numbakv.testing.state import after_op, observed, refusal_changed, track_step
 
 COMPARES = ("semantic", "table")
 TABLE_VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
 STEP_VERBS = ("declare", "prepare", "write", "attend", "read")
-VERBS = (*TABLE_VERBS, "step", *STEP_VERBS, "reload")
+VERBS = (*TABLE_VERBS, "step", *STEP_VERBS, "reload", "save", "load")
 MODES = ("gathered", "masked")
 OP_TIMEOUT = 10.0  # seconds one op of the cache under test may take before it is a hang
 
@@ -133,6 +140,14 @@ def apply(cache, op: Op, config: CacheConfig, last=None):
     if verb == "reload":
         seq, start = args
         return cache.seq_load(cache.seq_save(seq, start=start), onto=seq if start else None)
+    if verb == "save":
+        seq, start = args
+        return cache.seq_save(seq, start=start)
+    if verb == "load":
+        state, onto, *convert = args
+        if not isinstance(state, SeqState):  # a save op's index that no save answered
+            raise StateError(f"load of save op {state!r}: no state was saved there")
+        return cache.seq_load(state, onto=onto, **({"convert": convert[0]} if convert else {}))
     if verb == "read":
         if last is None:
             return None
@@ -215,6 +230,7 @@ class Runner:
         self.steps = None  # (the reference's, the cache's) last prepared step, while compared
         self.last = [None, None]  # the same, kept stale: what a read op reads
         self.unwritten = [set() for _ in range(config.n_layers)]  # the reference's cells
+        self.states = SavedStates()  # what save ops saved, for the load ops after them
 
     def _made(self, factory, config: CacheConfig):
         try:
@@ -229,8 +245,9 @@ class Runner:
         if self.watch is not None:
             self.watch.before(self, op)
         problem, before = self._read(observed, self.cache, self.compare)
-        expected = outcome(self.reference, op, self.config, self.last[0])
-        got = outcome(self.cache, op, self.config, self.last[1], Exception, self.op_timeout)
+        expected = outcome(self.reference, self.states.side(op, 0), self.config, self.last[0])
+        got = outcome(self.cache, self.states.side(op, 1), self.config, self.last[1],
+                      Exception, self.op_timeout)  # fmt: skip
         self._keep(op, expected, got)
         if self.watch is not None:
             self.watch.after(self, op, expected, got)
@@ -274,9 +291,10 @@ class Runner:
             placed = set(expected[0].cells.tolist()) - {-1}
             for cells in self.unwritten:
                 cells |= placed
+        self.states.keep(op, expected, got, self.reference, self.unwritten)
         if op.verb == "reload" and expected[1] is None:  # a copy of an unwritten cell is one
             snapshot = self.reference.snapshot()
-            source, copy = (_by_position(snapshot, seq) for seq in (op.args[0], expected[0]))
+            source, copy = (by_position(snapshot, seq) for seq in (op.args[0], expected[0]))
             for cells in self.unwritten:
                 cells |= {copy[p] for p, cell in source.items() if cell in cells}
 
@@ -321,12 +339,6 @@ class Runner:
             f"ops = {script(self.ops)}\n"
             f"replay: numbakv.testing.run_script(factory, config, ops{self.replay_keywords})"
         )
-
-
-def _by_position(snapshot, seq: int) -> dict[int, int]:
-    """{position: cell} of the cells `seq` owns in `snapshot`."""
-    held = np.flatnonzero((snapshot.owners[:, seq >> 6] >> np.uint64(seq & 63)) & np.uint64(1))
-    return dict(zip(snapshot.pos[held].tolist(), held.tolist(), strict=True))
 
 
 def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,

@@ -12,7 +12,7 @@ import pytest
 from numbakv.cli import main
 from numbakv.config import CacheConfig
 from numbakv.reference import CellCache
-from numbakv.testing import oplog
+from numbakv.testing import oplog_file
 from numbakv.testing.oplog import load_ops
 from numbakv.testing.ops import Divergence, Op
 from numbakv.testing.replay import replay
@@ -119,7 +119,7 @@ def test_files_that_are_no_log_are_one_line(tmp_path, capsys, monkeypatch):
     assert "not a regular file" in refused(capsys, "/dev/zero", "--against", REFERENCE)
     path = tmp_path / "log.json"
     path.write_text(json.dumps(log([["seq_new", []]] * 20)))
-    monkeypatch.setattr(oplog, "MAX_LOG_BYTES", 100)
+    monkeypatch.setattr(oplog_file, "MAX_LOG_BYTES", 100)
     assert "larger than 100 bytes" in refused(capsys, str(path), "--against", REFERENCE)
 
 
