@@ -3,6 +3,7 @@ replays as that run — each side saves and loads its own state, a state from ou
 log travels beside it — where the replay once refused the loaded sequence's later steps
 on both sides and reported agreement on a run that never happened."""
 
+import contextlib
 import dataclasses
 import json
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import numbakv
+from numbakv.errors import CacheError
 from numbakv.reference import CellCache
 from numbakv.testing.oplog import OpLog, load_ops
 from numbakv.testing.ops import Divergence, Op, apply
@@ -122,3 +124,25 @@ def test_a_state_file_outside_the_folder_missing_or_damaged_is_refused(tmp_path,
     path.write_text(json.dumps(document))
     with pytest.raises(ValueError, match=message):
         load_ops(path)
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [("rewind", 3, 0), ("seq_rm", 7), ("seq_clone", 9), ("rewind", 0, 99), ("seq_load", None)],
+)
+def test_a_refused_verb_between_declare_and_prepare_keeps_the_step_in_the_log(refused):
+    """The cache keeps the declaration through a refused verb and places the step; so does
+    the log, whose replay places it too (issue 45 reported the log losing it)."""
+    log = OpLog(CellCache(CONFIG))
+    a = log.seq_new()
+    log.declare_step([a, a])
+    with pytest.raises(CacheError):
+        getattr(log, refused[0])(*refused[1:])
+    step = log.prepare_step()
+    assert step.n_tokens == 2 and log.pos(a) == 2
+    cache = CellCache(CONFIG)
+    for op in log.ops:
+        with contextlib.suppress(CacheError):
+            apply(cache, op, CONFIG)
+    assert cache.pos(0) == 2
+    replay(log.ops, CellCache, config=CONFIG)
