@@ -3,8 +3,9 @@ raises the error its caller names (for a cache, the error of docs/contract.md §
 the bad value and what to do. Pure: they read what they are given and change nothing, and
 every call runs them before it changes anything.
 
-    values  integers, reals, token ids, file paths: what the config, the caches, the serving
-            stack and the command line (its argparse types, `numbakv.cli.args`) all take
+    values  integers, reals, token ids: what the config, the caches, the serving stack and
+            the command line (its argparse types, `numbakv.cli.args`) all take (file paths:
+            `numbakv.paths`)
     calls   the arguments of the caches' verbs and steps, read against either table
 
 The calls' checks are the one piece of the refusal path the two caches share (§7 allows
@@ -18,7 +19,6 @@ import math
 import numbers
 import operator
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -103,42 +103,6 @@ def token_ids(name: str, tokens, vocab_size: int, error: type[Exception]) -> lis
                 f"{expected}"
             )
     return checked
-
-
-def new_file(path, suffix: str | None = None, error: type[Exception] = ValueError) -> Path:
-    """`path` as a Path to write: not a folder, in a folder that exists (a file there is
-    overwritten), ending in `suffix` when one is given; else `error` saying what to do."""
-    path = Path(path)
-    if _stat(path, error) is not None and path.is_dir():
-        raise error(f"{path} is a folder; give a file name in it")
-    if _stat(path.parent, error) is None or not path.parent.is_dir():
-        raise error(f"{path}: the folder {path.parent} does not exist; create it first")
-    if suffix is not None and path.suffix != suffix:
-        raise error(f"{path} does not end in {suffix}; give e.g. {path.stem}{suffix}")
-    return path
-
-
-def existing_file(path, error: type[Exception] = ValueError) -> Path:
-    """`path` as a Path to a file that exists, else `error` saying what is there."""
-    path = Path(path)
-    if _stat(path, error) is None:
-        raise error(f"no file at {path}; check the path")
-    if path.is_dir():
-        raise error(f"{path} is a folder; give the file in it")
-    return path
-
-
-def _stat(path: Path, error: type[Exception]):
-    """`path`'s stat, None where nothing is there; `error` where the system cannot even look
-    (a name longer than the file system allows, a folder that cannot be searched)."""
-    try:
-        return path.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, ValueError) as problem:  # ValueError: a NUL byte in the name
-        name = str(path).replace("\0", "\\0")
-        name = name if len(name) <= 80 else f"{name[:77]}..."
-        raise error(f"{name}: {getattr(problem, 'strerror', None) or problem}") from None
 
 
 # -- calls of the caches -----------------------------------------------------------

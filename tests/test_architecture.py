@@ -28,7 +28,7 @@ PARTS = {
     "shared": (
         "numbakv.errors", "numbakv.config", "numbakv.config_formats", "numbakv.formats",
         "numbakv.checks", "numbakv.dlpack", "numbakv.npz", "numbakv.snapshot", "numbakv.observe",
-        "numbakv.state", "numbakv.tensors",
+        "numbakv.state", "numbakv.tensors", "numbakv.paths",
     ),
     "reference": ("numbakv.reference",),
     "cache": ("numbakv.cache",),

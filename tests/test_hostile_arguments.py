@@ -6,9 +6,9 @@ import pytest
 
 import numbakv
 import numbakv.testing
-from numbakv.checks import existing_file, new_file
 from numbakv.cli import main
 from numbakv.errors import AllocationError
+from numbakv.paths import existing_file, new_file
 from numbakv.reference import CellCache as RefCache
 from numbakv.trace import Recorder
 

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from numbakv.checks import at_most, existing_file, int_at_least, new_file
+from numbakv.checks import at_most, int_at_least
 from numbakv.errors import ConfigError
+from numbakv.paths import existing_file, new_file
 
 CHECK = "check the folder's permissions and free space"
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.checks import as_int, int_at_least, new_file
+from numbakv.checks import as_int, int_at_least
 from numbakv.cli.args import CHECK, fail, integer, output_file
+from numbakv.paths import new_file
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from numbakv import npz
-from numbakv.checks import new_file
 from numbakv.config import INT32_MAX, CacheConfig
 from numbakv.errors import CacheError, StateError
 from numbakv.formats import ARRAY_DTYPES, row_width
 from numbakv.npz import short
+from numbakv.paths import new_file
 
 if TYPE_CHECKING:
     from numbakv.state.seq_state import SeqState
