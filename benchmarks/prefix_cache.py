@@ -3,6 +3,7 @@ what does it cost the host? Prints figures; asserts nothing about timing.
 
     python -m benchmarks.prefix_cache            # about four minutes (NumPy reference cache)
     python -m benchmarks.prefix_cache --quick    # about half a minute
+    python -m benchmarks.prefix_cache --host     # the host cost of PrefixCache alone
 
 Four workload shapes (`benchmarks.prefix_workloads`: shared system prompt, multi-turn
 chat, few-shot, tree-of-thought), each a deterministic trace of greedy requests of 16 new
@@ -49,9 +50,13 @@ tokens, in two trees: random branches (each prefix branches off an earlier one a
 about 75 nodes deep) and one system prompt (half of every prefix shared): median µs of
 `match`, `acquire`, `insert` (of the acquired sequence, grown to 2 000 positions) and
 `evict_holder` (which brings it back to 1 000), over fresh prefixes built alike, given as
-int64 arrays as the engine keeps them. Its target is `Lengths`, a stand-in that keeps only
-each sequence's length, so the µs exclude the cache's own verbs (`seq_clone`, `rewind`,
-`seq_rm`).
+int64 arrays as the engine keeps them, and of `acquire + insert` (a request's lookup and
+insert: the sum per prefix). Its target is `Lengths`, a stand-in that keeps only each
+sequence's length, so the µs exclude the cache's own verbs (`seq_clone`, `rewind`,
+`seq_rm`). Then the same over random branches at 250, 1 000 and 4 000 cached prefixes:
+`evict_holder` finds the least recently used holder in a heap (O(log n) in the holders);
+a lookup walks one branch, whose nodes, not the prefixes, it costs (a holder is about 30,
+85 and 170 nodes deep there).
 """
 
 import argparse
@@ -76,6 +81,7 @@ POOLS = (1, 2, 8)  # x the working set
 HOST_POOL = 4  # the host tier's table: a pool of 1 / HOST_POOL x the working set
 HOST_TIERS = (1, 4)  # host tiers, x that pool's bytes
 N_PREFIXES, PREFIX_LEN = 1000, 2000
+SCALING = (250, 1000, 4000)  # cached prefixes
 
 
 @dataclass(frozen=True)
@@ -256,14 +262,17 @@ def shared_stem(rng: np.random.Generator, prefixes: list[list[int]]) -> list[int
     return stem + rng.integers(0, 256, PREFIX_LEN - len(stem)).tolist()
 
 
-def host_costs(repeat: int, make=branch, seed: int = 0) -> dict[str, list[float]]:
-    """Seconds of each verb per fresh prefix made by `make`, at N_PREFIXES cached ones. The
-    tokens go in as an int64 array, as the engine keeps a request's (made once)."""
+def host_costs(
+    repeat: int, make=branch, seed: int = 0, n_prefixes: int = N_PREFIXES
+) -> dict[str, list[float]]:
+    """Seconds of each verb per fresh prefix made by `make`, at `n_prefixes` cached ones,
+    and of acquire + insert. The tokens go in as an int64 array, as the engine keeps a
+    request's (made once)."""
     rng = np.random.default_rng(seed)
     target = Lengths()
     prefix = PrefixCache(target)
     prefixes: list[list[int]] = []
-    for _ in range(N_PREFIXES):
+    for _ in range(n_prefixes):
         prefixes.append(make(rng, prefixes))
         seq, _ = prefix.acquire(prefixes[-1])
         prefix.insert(target.computed(seq, PREFIX_LEN), prefixes[-1])
@@ -275,6 +284,7 @@ def host_costs(repeat: int, make=branch, seed: int = 0) -> dict[str, list[float]
             seq, _ = clock(times["acquire"], prefix.acquire, tokens)
             clock(times["insert"], prefix.insert, target.computed(seq, PREFIX_LEN), tokens)
             clock(times["evict_holder"], prefix.evict_holder)
+    times["acquire + insert"] = list(np.add(times["acquire"], times["insert"]))
     return times
 
 
@@ -298,6 +308,18 @@ def print_host_costs(repeat: int) -> None:
         for verb in costs["random branches"]
     ]
     print_table(["verb", *shapes], rows)
+
+
+def print_host_scaling(repeat: int) -> None:
+    """Median µs of evict_holder and acquire + insert over random branches of PREFIX_LEN
+    tokens, at SCALING cached prefixes."""
+    print(f"\nhost µs of PrefixCache over random branches by cached prefixes, median of {repeat}")
+    costs = {n: host_costs(repeat, branch, n_prefixes=n) for n in SCALING}
+    rows = [
+        [verb] + [f"{1e6 * np.median(costs[n][verb]):.1f}" for n in SCALING]
+        for verb in ("evict_holder", "acquire + insert")
+    ]
+    print_table(["verb", *(f"{n} prefixes" for n in SCALING)], rows)
 
 
 def print_logit_drift(model: Model, n_prompts: int, length: int = 40) -> None:
@@ -330,8 +352,14 @@ def forward_chunks(model: Model, config, chunks: list[list[int]]) -> np.ndarray:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller workload")
+    parser.add_argument("--host", action="store_true", help="the host cost alone")
     args = parser.parse_args(argv)
     print_machine()
+    repeat = 50 if args.quick else 200
+    if args.host:
+        print_host_costs(repeat)
+        print_host_scaling(repeat)
+        return
     model = Model.from_seed(TINY, 0)
     print(
         f"  model    {TINY.n_layers} layers, windows {TINY.windows}; reference CellCache, "
@@ -344,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             print_host_tier(workload, model)
     print(f"\nserving: {time.perf_counter() - start:.1f} s")
     print_logit_drift(model, 5 if args.quick else 20)
-    print_host_costs(50 if args.quick else 200)
+    print_host_costs(repeat)
+    print_host_scaling(repeat)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,11 @@ one's first tokens while it runs, `fork` says a clone of one shares its cells, a
 removes one without keeping it. The tree is physical (every sequence below a node holds
 the node's very cells), so `n_cells` counts each cell once and `cached_cells` is exactly
 what `drop()` would give back. Eviction takes cells held by the cache alone, least
-recently used first and tail first (a node without children, rewound by as many tokens as
-are asked for); a cell a live sequence holds is never given back. With `host_bytes`, what
-eviction gives back is saved to host memory first (`host_tier`) and reloaded by a longer
-hit (§13 for saved sequences).
+recently used first (a heap of the holders keyed by last use: O(log n)) and tail first
+(a node without children, rewound by as many tokens as are asked for); a cell a live
+sequence holds is never given back. With `host_bytes`, what eviction gives back is saved
+to host memory first (`host_tier`) and reloaded by a longer hit (§13 for saved
+sequences).
 
 Not thread-safe by itself: the `Engine` calls it under its lock. An observer of the target
 that raises (`ObserverError`) never leaves the tree half-changed: each call finishes,
@@ -73,7 +74,7 @@ class PrefixCache(Reloading):
         self.target = target
         self._roots: dict[str | None, Node] = {}
         self._live: dict[int, tuple[Node, str | None]] = {}  # live sequence -> its base
-        self._held: dict[int, Node] = {}  # holder -> its node
+        self._held = radix.Holders()  # holder -> its node, coldest first in O(log n)
         self._clock = 0
         self.n_cells = 0
         self.cached_cells = 0
@@ -88,7 +89,7 @@ class PrefixCache(Reloading):
     @property
     def holders(self) -> list[int]:
         """The sequences the cache holds, ascending."""
-        return sorted(self._held)
+        return sorted(self._held.nodes)
 
     @property
     def live(self) -> list[int]:
@@ -173,11 +174,10 @@ class PrefixCache(Reloading):
             self._remove(seq)  # nothing new: what it holds, others hold too
         else:
             grown = node if grown is None else grown
-            self._hold(seq, grown)
-            radix.touch(grown, self._tick())
-            for above in list(grown.path())[1:]:
-                if above.holder is not None:  # seq holds its path: that holder is spare
-                    self._let_go(above)
+            spare = radix.touch(grown, self._tick())  # seq holds its path: holders above
+            self._held.hold(seq, grown)
+            for above in spare:
+                self._let_go(above)
         self._bound()
 
     @completes(raising=call_observed)
@@ -212,7 +212,7 @@ class PrefixCache(Reloading):
     def drop(self) -> int:
         """Removes every holder: what live sequences hold stays. Returns the cells freed."""
         before = self.n_cells
-        for node in list(self._held.values()):
+        for node in list(self._held.nodes.values()):
             self._let_go(node)
         return before - self.n_cells
 
@@ -222,7 +222,7 @@ class PrefixCache(Reloading):
         counts = [radix.recount(root) for root in self._roots.values()]
         n_cells, cached = sum(c[0] for c in counts), sum(c[1] for c in counts)
         assert (n_cells, cached) == (self.n_cells, self.cached_cells), (n_cells, cached)
-        for seq, node in self._held.items():
+        for seq, node in self._held.nodes.items():
             assert self._pos(seq) == node.depth, f"holder {seq} is not {node.depth} long"
         for seq, (node, _) in self._live.items():
             assert self._pos(seq) >= node.depth, f"live {seq} is shorter than its base"
@@ -256,9 +256,7 @@ class PrefixCache(Reloading):
             node, based_salt = self._live[seq]
             if salt is not None and salt != based_salt:
                 raise ConfigError(f"cache_salt={salt!r}, sequence {seq} has {based_salt!r}")
-            if len(tokens) < node.depth or (
-                radix.common_length(radix.path_tokens(node), tokens, 0, node.depth) < node.depth
-            ):
+            if not tokens.tobytes().startswith(radix.path_raw(node)):
                 raise SequenceError(
                     f"the tokens given for sequence {seq} do not begin with the "
                     f"{node.depth} tokens it shares with the prefix cache"
@@ -298,14 +296,10 @@ class PrefixCache(Reloading):
         self.cached_cells += radix.add_live(node, -1)
         return node
 
-    def _hold(self, seq: int, node: Node) -> None:
-        node.holder = seq
-        self._held[seq] = node
-
     def _coldest(self, wanted: Callable[[Node], bool]) -> Node | None:
-        """The least recently used holder's node that `wanted` takes, or None."""
-        nodes = [node for node in self._held.values() if wanted(node)]
-        return min(nodes, key=lambda node: node.used, default=None)
+        """The least recently used holder's node that `wanted` takes (the first held on a
+        tie), or None: O(log n) in the holders, and as much per holder passed over."""
+        return self._held.coldest(wanted)
 
     def _evict(self, n_cells: int) -> int:
         """`evict` of a checked count (`Reloading` evicts to make room for a reload)."""
@@ -332,10 +326,10 @@ class PrefixCache(Reloading):
             return k
         parent = leaf.parent
         self._detach(leaf)
-        del self._held[seq]
+        self._held.release(seq)
         if parent.parent is not None and not parent.children and parent.holder is None:
             self._rewind(seq, parent.depth)  # the parent keeps its cells: seq holds them
-            self._hold(seq, parent)
+            self._held.hold(seq, parent)
         else:
             self._remove(seq)
             self._prune(parent)
@@ -347,8 +341,7 @@ class PrefixCache(Reloading):
         assert seq is not None
         if not node.children and node.n_live == 0:  # its cells go with it
             self._offload(node)
-        node.holder = None
-        del self._held[seq]
+        self._held.release(seq)
         before = self.n_cells
         self._prune(node)
         self._remove(seq)

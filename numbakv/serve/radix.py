@@ -17,7 +17,8 @@ requests computed them apart) — lookups take the longer match.
             below it, so the least recently used node without children goes first
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from heapq import heapify, heappop, heappush, heapreplace
 
 import numpy as np
 
@@ -106,49 +107,39 @@ def walk(node: Node, tokens: np.ndarray, limit: int) -> tuple[Node, int]:
 
 
 class _Query:
-    """The tokens a walk matches, as NumPy, bytes (int64) and Python ints, made once."""
+    """The tokens a walk matches, as NumPy, bytes (int64) and the bytes read as ints (a
+    memoryview: an id is read where an edge begins, none converted before), made once."""
 
     __slots__ = ("ids", "raw", "tokens")
 
     def __init__(self, tokens: np.ndarray):
-        self.tokens, self.raw, self.ids = tokens, tokens.tobytes(), tokens.tolist()
+        self.tokens, self.raw = tokens, tokens.tobytes()
+        self.ids = memoryview(self.raw).cast("q")
 
 
 def _walk(node: Node, query: _Query, limit: int) -> tuple[Node, int]:
-    m = node.depth
+    raw, ids, m = query.raw, query.ids, node.depth
     while m < limit:
-        children = node.children.get(query.ids[m], ())
+        children = node.children.get(ids[m])
+        if children is None:
+            break
         if len(children) > 1:
             ends = [_follow(child, query, m, limit) for child in children]
             return max(ends, key=lambda end: (end[1], end[0].used))
-        if not children:
-            break
         node = children[0]
-        n = _edge_match(node, query, m, limit)
-        m += n
-        if n < len(node.raw) >> 3:
-            break
+        if not raw.startswith(node.raw, m << 3, limit << 3):  # not all of it matches
+            return node, m + common_length(node.tokens, query.tokens, m, limit)
+        m = node.depth
     return node, m
 
 
 def _follow(child: Node, query: _Query, m: int, limit: int) -> tuple[Node, int]:
     """The match going on from position `m` into `child` and, when all of it matches,
-    below it."""
-    n = _edge_match(child, query, m, limit)
-    if n < len(child.raw) >> 3:
-        return child, m + n
+    below it. All of an edge matching is one bytes compare, in place; NumPy finds where a
+    partial match ends."""
+    if not query.raw.startswith(child.raw, m << 3, limit << 3):
+        return child, m + common_length(child.tokens, query.tokens, m, limit)
     return _walk(child, query, limit)
-
-
-def _edge_match(child: Node, query: _Query, m: int, limit: int) -> int:
-    """How many leading tokens of `child` equal the query's [m:limit]: one bytes compare
-    when all of them do, NumPy's otherwise."""
-    size = len(child.raw)
-    n = min(size >> 3, limit - m)
-    edge = child.raw if n << 3 == size else child.raw[: n << 3]
-    if edge == query.raw[m << 3 : (m + n) << 3]:
-        return n
-    return common_length(child.tokens, query.tokens, m, limit)
 
 
 def split(node: Node, depth: int) -> Node:
@@ -197,9 +188,30 @@ def add_live(node: Node, delta: int, clock: int | None = None) -> int:
     return change
 
 
-def touch(node: Node, clock: int) -> None:
-    for n in node.path():
+def touch(node: Node, clock: int) -> list[Node]:
+    """Sets the `used` of `node` and its ancestors to `clock`; returns those ancestors
+    that have a holder (nearest first)."""
+    node.used = clock
+    held = []
+    n = node.parent
+    while n is not None:
         n.used = clock
+        if n.holder is not None:
+            held.append(n)
+        n = n.parent
+    return held
+
+
+def path_raw(node: Node) -> bytes:
+    """The int64 bytes of every token from the root to `node`'s end (a join of the runs'
+    bytes)."""
+    runs = []
+    n: Node | None = node
+    while n is not None:
+        runs.append(n.raw)
+        n = n.parent
+    runs.reverse()
+    return b"".join(runs)
 
 
 def path_tokens(node: Node) -> np.ndarray:
@@ -229,3 +241,69 @@ def recount(root: Node) -> tuple[int, int]:
         cached += len(node.tokens) if node.n_live == 0 else 0
         stack.extend(node.child_list())
     return n_cells, cached
+
+
+class Holders:
+    """The sequences the prefix cache holds, each at its node (`nodes`, in the order they
+    were held), with the least recently used found in O(log n) amortized time.
+
+    A heap holds an entry (used, since, seq) per hold, `since` counting holds, so entries
+    order as a scan of `nodes` for the least `used` does (on a tie, the first held). An
+    entry is not taken out when it goes stale: when its holder goes (`since` is no longer
+    its hold's) it is dropped once it comes to the top, and when its node is used again
+    (`used` only grows, so the entry is a lower bound) it is pushed again with the node's
+    `used` then. The heap is rebuilt once it holds more than twice the holders (and 32).
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, Node] = {}  # holder -> its node, in the order held
+        self._since: dict[int, int] = {}  # holder -> the count of its hold
+        self._heap: list[tuple[int, int, int]] = []  # (used, since, holder)
+        self._count = 0
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, seq: int) -> bool:
+        return seq in self.nodes
+
+    def hold(self, seq: int, node: Node) -> None:
+        """`seq`, held by none, is held at `node` (its `used` set already)."""
+        node.holder = seq
+        self.nodes[seq] = node
+        self._count += 1
+        self._since[seq] = self._count
+        heappush(self._heap, (node.used, self._count, seq))
+        self._compact()
+
+    def release(self, seq: int) -> None:
+        """`seq` is held no more (its node's holder reset)."""
+        self.nodes.pop(seq).holder = None
+        del self._since[seq]
+        self._compact()
+
+    def coldest(self, wanted: Callable[[Node], bool]) -> Node | None:
+        """The node of the least recently used holder that `wanted` takes (the first held
+        on a tie), or None. Each holder passed over costs O(log n)."""
+        heap, passed, found = self._heap, [], None
+        while heap:
+            used, since, seq = heap[0]
+            node = self.nodes.get(seq)
+            if node is None or self._since[seq] != since:
+                heappop(heap)  # that hold ended
+            elif node.used != used:
+                heapreplace(heap, (node.used, since, seq))  # used since it was pushed
+            elif wanted(node):
+                found = node
+                break
+            else:
+                passed.append(heappop(heap))
+        for entry in passed:
+            heappush(heap, entry)
+        return found
+
+    def _compact(self) -> None:
+        """Rebuilds the heap, an entry per holder, once most of its entries are stale."""
+        if len(self._heap) > max(32, 2 * len(self.nodes)):
+            self._heap = [(n.used, self._since[s], s) for s, n in self.nodes.items()]
+            heapify(self._heap)
