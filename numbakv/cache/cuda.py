@@ -123,24 +123,42 @@ else:  # out of device memory comes as the driver's API error
 
         return quotient
 
-    def asm_function(asm: str, constraints: str, out_type: str, in_type: str):
-        """An intrinsic `f(x: in_type) -> out_type` that runs the inline PTX `asm` ($0 the
-        result, $1 the argument) with `constraints` (e.g. "=f,r"); pure, so the compiler
-        may move or drop it."""
+    def asm_function(asm: str, constraints: str, out_type: str, in_type: str | tuple[str, ...]):
+        """An intrinsic `f(x: in_type) -> out_type` (or `f(x, y)`, `f(x, y, z)` for a tuple of
+        2 or 3 input types) that runs the inline PTX `asm` ($0 the result, $1 .. the
+        arguments) with `constraints` (e.g. "=f,r"); pure, so the compiler may move or drop
+        it."""
         from llvmlite import ir
         from numba import types
         from numba.cuda.extending import intrinsic
 
-        result_type, argument_type = getattr(types, out_type), getattr(types, in_type)
+        result_type = getattr(types, out_type)
+        names = (in_type,) if isinstance(in_type, str) else in_type
+        in_types = [getattr(types, t) for t in names]
 
-        @intrinsic
-        def function(typingctx, x):
-            def codegen(context, builder, sig, args):
-                value = context.cast(builder, args[0], sig.args[0], argument_type)
-                fn = ir.FunctionType(context.get_value_type(result_type), [value.type])
-                return builder.call(ir.InlineAsm(fn, asm, constraints), [value])
+        def codegen(context, builder, sig, args):
+            values = [context.cast(builder, v, t, want)
+                      for v, t, want in zip(args, sig.args, in_types, strict=True)]  # fmt: skip
+            fn = ir.FunctionType(context.get_value_type(result_type), [v.type for v in values])
+            return builder.call(ir.InlineAsm(fn, asm, constraints), values)
 
-            return result_type(x), codegen
+        if len(in_types) == 1:
+
+            @intrinsic
+            def function(typingctx, x):
+                return result_type(x), codegen
+
+        elif len(in_types) == 2:
+
+            @intrinsic
+            def function(typingctx, x, y):
+                return result_type(x, y), codegen
+
+        else:
+
+            @intrinsic
+            def function(typingctx, x, y, z):
+                return result_type(x, y, z), codegen
 
         return function
 

@@ -39,6 +39,24 @@ def test_byte_loads_and_a_block_scale():
     assert wide.u16x4(d, 1, 10, False) == (0, 0, 0, 0) and wide.half(d, 1, 4, False) == (0,)
 
 
+def _bits(word) -> int:
+    return int(np.int32(word).view(np.uint32))
+
+
+def test_byte_arithmetic_signed_bytes_bit_selects_and_byte_permutes():
+    word = np.int32(-0x7F0080FF)  # 0x80FF7F01: bytes 0x01, 0x7F, 0xFF, 0x80
+    assert [wide.s8(word, shift) for shift in (0, 8, 16, 24)] == [1, 127, -1, -128]
+    assert all(type(wide.s8(word, s)) is np.float32 for s in (0, 24))
+    # 0x0F0F0F0F picks 0x12345678's low nibbles and 0xABCDEF89's high ones
+    picked = wide.select(np.int32(0x0F0F0F0F), np.int32(0x12345678), np.int32(-0x54321077))
+    assert _bits(picked) == 0xA2C4E688
+    a, b = np.int32(0x44332211), np.int32(-0x778899AB)  # b = 0x88776655
+    assert _bits(wide.prmt(a, b, np.int32(0x2107))) == 0x33221188  # b's byte 3, then a's 0..2
+    assert _bits(wide.prmt(a, b, np.int32(0x7654))) == 0x88776655  # b itself
+    assert _bits(wide.prmt(a, b, np.int32(0x000F))) == 0x111111FF  # b's 0x88 sign, copied
+    assert _bits(wide.prmt(a, b, np.int32(0x000B))) == 0x11111100  # a's 0x44: positive
+
+
 def test_scalar_items_division_and_the_approximations():
     table = np.arange(12, dtype=np.int32).reshape(3, 4)
     d = cuda.to_device(table)

@@ -24,6 +24,14 @@ guarantees the alignment each one states.
               offset even
     half_lo, half_hi
               the float32 value of the float16 in the low or high half of a word
+    s8        s8(word, shift): the float32 value of the signed byte at bits [shift, shift + 8)
+              of an int32 word (shift 0, 8, 16 or 24, a constant where it is called): one
+              `I2F.S8` that reads the byte in place
+    select    select(mask, a, b): the bits of int32 a where mask has ones, of b elsewhere
+              (one `LOP3`; written out, the compiler folds b's own mask into it and splits it)
+    prmt      prmt(a, b, selector): PTX `prmt.b32`, byte k of the result the byte of (b:a)
+              (bytes 0..3 of a, 4..7 of b) that nibble k of the selector names, its sign
+              bit copied through the byte where the nibble's bit 3 is set (one `PRMT`)
 
 Two arithmetic primitives beside them, where the exact libdevice functions cost tens of
 instructions and an attention softmax needs none of their exactness (docs/contract.md §5):
@@ -149,6 +157,28 @@ def _lane_sum4(a, b, c, d, lanes):
     return a, b, c, d
 
 
+def _s8_sim(word, shift):
+    byte = (int(word) >> int(shift)) & 0xFF
+    return np.float32(byte - 256 if byte >= 128 else byte)
+
+
+def _select_sim(mask, a, b):
+    mask = np.int32(mask)
+    return np.int32((np.int32(a) & mask) | (np.int32(b) & ~mask))
+
+
+def _prmt_sim(a, b, selector):
+    pool = (int(a) & 0xFFFFFFFF) | (int(b) & 0xFFFFFFFF) << 32
+    out = 0
+    for k in range(4):
+        nibble = (int(selector) >> (4 * k)) & 0xF
+        byte = (pool >> (8 * (nibble & 7))) & 0xFF
+        if nibble & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * k)
+    return np.uint32(out).view(np.int32)
+
+
 def _half_lo_sim(word):
     return np.float32(np.uint16(np.int32(word) & 0xFFFF).view(np.float16))
 
@@ -180,25 +210,20 @@ _F32X8 = (
     "@p ld.global.nc.v4.f32 {$0, $1, $2, $3}, [$A];\n"
     "@p ld.global.nc.v4.f32 {$4, $5, $6, $7}, [$A+16];"
 )
-_U16X4 = (
-    "{ .reg .b16 a<4>;\n"
-    + "\n".join(
-        f"mov.b16 a{i}, 0;\n@p ld.global.nc.u16 a{i}, [$A+{2 * i}];\ncvt.u32.u16 ${i}, a{i};"
-        for i in range(4)
-    )
-    + "\n}"
-)
+_U16X4 = "\n".join(f"@p ld.global.nc.u16 ${i}, [$A+{2 * i}];" for i in range(4))  # zero-extended
 _U32X2 = "@p ld.global.nc.v2.u32 {$0, $1}, [$A];"
 _HALF = "{ .reg .b16 a;\nmov.b16 a, 0;\n@p ld.global.nc.u16 a, [$A];\ncvt.f32.f16 $0, a;\n}"
 _HALF_LO = "{ .reg .b16 lo, hi;\nmov.b32 {lo, hi}, $1;\ncvt.f32.f16 $0, lo;\n}"
 _HALF_HI = "{ .reg .b16 lo, hi;\nmov.b32 {lo, hi}, $1;\ncvt.f32.f16 $0, hi;\n}"
+_S8 = "{ .reg .b32 b;\nbfe.s32 b, $1, $2, 8;\ncvt.rn.f32.s32 $0, b;\n}"  # ptxas: I2F.S8 R.Bn
 
 if IS_SIMULATOR:
     item, put, row, exp2, rcp = _item_sim, _put_sim, _row_sim, _exp2_sim, _rcp_sim
     lane_sum4 = device_function(_lane_sum4_sim)  # a device function: it names `cuda`
     div = _div_sim
     u16x4, u32x2, half = _u16x4_sim, _u32x2_sim, _half_sim
-    half_lo, half_hi = _half_lo_sim, _half_hi_sim
+    half_lo, half_hi, s8, select = _half_lo_sim, _half_hi_sim, _s8_sim, _select_sim
+    prmt = _prmt_sim
     xor_swap10 = device_function(_xor_swap10_sim)
 else:
     from numbakv.cache.cuda import asm_function, asm_loader, int32_quotient, row_item, row_store
@@ -214,3 +239,6 @@ else:
     rcp = asm_function("rcp.approx.ftz.f32 $0, $1;", "=f,f", "float32", "float32")
     half_lo = asm_function(_HALF_LO, "=f,r", "float32", "int32")
     half_hi = asm_function(_HALF_HI, "=f,r", "float32", "int32")
+    s8 = asm_function(_S8, "=f,r,r", "float32", ("int32", "int32"))
+    select = asm_function("lop3.b32 $0, $2, $3, $1, 0xE4;", "=r,r,r,r", "int32", ("int32",) * 3)
+    prmt = asm_function("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", "int32", ("int32",) * 3)

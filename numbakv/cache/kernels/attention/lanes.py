@@ -2,11 +2,15 @@
 
 A lane owns VEC = 8 consecutive elements [d0, d0 + 8) of a head's row (`lane_dims`). Its
 loader returns them as float32, unscaled, with the one scale that multiplies all eight:
-ggml's block scale d for q8_0 and q4_0 (a block of 32 holds four lanes' parts), the
-layer's per-head scale for fp8_e4m3, 1 for float pools. The kernel folds that scale into
-the score (q·k · d) and into the weight of the V row (p · d), so a quantized element costs
-its decode and no multiply (docs/contract.md §5). The values are bit for bit the
-reference's codes: code · d is exact in float32 either way.
+ggml's block scale d for q8_0, d / 16 for q4_0 (a block of 32 holds four lanes' parts),
+the layer's per-head scale * 256 for fp8_e4m3, 1 for float pools. The kernel folds that
+scale into the score (q·k · d) and into the weight of the V row (p · d), so a quantized
+element costs its decode and no multiply (docs/contract.md §5). Each element is one
+instruction wide, as a float16 one is: a q8_0 code is converted in place from its byte
+(`wide.s8`), a q4_0 code as the signed byte 16 (code - 8) (its nibble moved up, the bias
+flipped: 2 instructions per 4 codes), an e4m3 byte placed as the float16 of value * 2^-8
+(2.5 instructions per byte, NaN kept) and widened. code · scale is the reference's value
+bit for bit: the powers of two come out exactly (fp8 scales up to 2^120, ≈ 1.3e36).
 
 A wide loader reads with `wide`'s primitives and needs the alignment `ALIGNMENT` states of
 the pool's address and strides; a narrow one reads element by element (any head_dim, any
@@ -22,8 +26,14 @@ from numbakv.formats import BLOCK
 VEC = wide.VEC
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
-NAN = np.float32(np.nan)
-E4M3_BIAS = np.float32(2.0**120)  # 2^(127 - 7): an e4m3 byte's bits placed in a float32
+SIXTEENTH = np.float32(1.0 / 16)  # a q4_0 code is read as 16 x (code - 8)
+E4M3_UNIT = np.float32(256.0)  # an e4m3 byte is read as a float16 of value * 2^-8
+SIGNS = np.int32(-0x7F7F7F80)  # 0x80808080: the sign bit of each byte
+MAGNITUDES = np.int32(0x3F803F80)  # bits 7..13 of each half: where an e4m3 magnitude goes
+HALF_ULPS = np.int32(0x00800080)  # 1 at bit 7 of each half
+HALF_CARRIES = np.int32(0x40004000)  # bit 14 of each half
+NIBBLES = np.int32(-0x0F0F0F10)  # 0xF0F0F0F0: the high nibble of each byte
+ROTATE_BYTE = np.int32(0x2107)  # a `wide.prmt` selector: bytes (3, 0, 1, 2), rotl 8
 # bytes of alignment a wide loader needs of the pool's address and strides, per kind
 ALIGNMENT = {"float": 16, "bfloat16": 16, "fp8_e4m3": 8, "q8_0": 2, "q4_0": 2}
 
@@ -47,33 +57,37 @@ def is_wide(kind: str, head_dim: int, address: int, strides: tuple) -> bool:
 
 
 @device_function
-def _byte(words, i):
-    """Byte i (0..7) of 4 words that hold 2 bytes each (`wide.u16x4`), as an int32."""
-    return (words[i >> 1] >> ((i & np.int32(1)) * np.int32(8))) & np.int32(0xFF)
-
-
-@device_function
-def _e4m3(x):
-    """The float32 value of an e4m3fn byte x (an int32 in [0, 255]; 0x7F and 0xFF are NaN):
-    its bits placed in a float32 and scaled by 2^120, exact for subnormals too."""
-    bits = ((x & np.int32(0x80)) << np.int32(24)) | ((x & np.int32(0x7F)) << np.int32(20))
-    value = int_as_float(bits) * E4M3_BIAS
-    return NAN if (x & np.int32(0x7F)) == np.int32(0x7F) else value  # a select, no branch
+def _e4m3_halves(w):
+    """A word of 4 e4m3fn bytes (an int32, element k in byte k) as 2 words of float16 pairs:
+    (elements 0 and 2, elements 1 and 3), each its value * 2^-8 exactly (subnormals too) and
+    NaN where the byte is 0x7F or 0xFF."""
+    sign = w & SIGNS
+    # the 7 magnitude bits to half bits 7..13, the sign to bit 15 (the signs of bytes 0
+    # and 2 rotated up a byte: a shift the compiler would redo from w, one op more)
+    even = wide.select(MAGNITUDES, w << np.int32(7), wide.prmt(sign, sign, ROTATE_BYTE))
+    odd = wide.select(MAGNITUDES, w >> np.int32(1), sign)
+    # magnitude 0x7F carries into bit 14: exponent 31 with a nonzero mantissa, a NaN
+    even |= (even + HALF_ULPS) & HALF_CARRIES
+    odd |= (odd + HALF_ULPS) & HALF_CARRIES
+    return even, odd
 
 
 def make_loader(kind: str, head_dim: int, is_wide_pool: bool) -> tuple:
     """(load, value) of a pool of `kind`: `load(pool, c, at, d0, kv_scale) -> (raw, scale)`
-    reads a lane's elements [d0, d0 + 8) of pool[c] as loaded (packed: 4 words of float16,
-    bfloat16 or q8_0/q4_0 bytes, 2 words of fp8, or 8 float32) and their scale, or zeros
-    (and a finite scale) without reading anything where c < 0; `value(raw, i) -> float32`
-    widens element i (0 past head_dim). at = the KV head * the pool's head stride
-    (elements); d0 is a multiple of 8 below head_dim; kv_scale is the head's fp8 scale."""
+    reads a lane's elements [d0, d0 + 8) of pool[c] (packed int32 words: 4 of float16 or
+    bfloat16 pairs, 4 of q8_0 byte pairs, 2 of q4_0 biased codes, 4 of fp8 as float16 pairs;
+    or 8 float32) and their scale. Where c < 0 the values are 0 and the scale finite, or
+    (q8_0, q4_0) the values finite and the scale 0: those read cell 0's codes (their last
+    block where d0 >= head_dim), which are finite whatever the bytes. `value(raw, i) ->
+    float32` widens element i. at = the KV head * the pool's head stride (elements); d0 is a
+    multiple of 8; kv_scale is the head's fp8 scale (float32)."""
     code = {"float": quant.FLOAT, "bfloat16": quant.BFLOAT16, "q8_0": quant.Q8_0,
             "q4_0": quant.Q4_0, "fp8_e4m3": quant.FP8}[kind]  # fmt: skip
     dim = np.int32(head_dim)
     q8_bytes, q4_bytes, block = np.int32(quant.Q8_BYTES), np.int32(quant.Q4_BYTES), np.int32(BLOCK)
     zero, one, two, four, eight = np.int32(0), np.int32(1), np.int32(2), np.int32(4), np.int32(8)
-    sixteen, fifteen = np.int32(16), np.int32(15)
+    sixteen, fifteen, thirty_one = np.int32(16), np.int32(15), np.int32(31)
+    last = np.int32(max(head_dim // BLOCK - 1, 0))  # a quantized head's last block
     high = np.int32(-65536)  # 0xFFFF0000: the high bfloat16 of a word, in place
     is_bfloat16 = code == quant.BFLOAT16
 
@@ -120,36 +134,43 @@ def make_loader(kind: str, head_dim: int, is_wide_pool: bool) -> tuple:
     elif code == quant.Q8_0:
 
         def load(pool, c, at, d0, kv_scale):
-            b = d0 // block
-            base = at + b * q8_bytes
-            cell, ok = max(c, zero), c >= zero
-            words = wide.u16x4(pool, cell, base + two + d0 - b * block, ok)
-            return words, wide.half(pool, cell, base, ok)[0]
+            base = at + min(d0 // block, last) * q8_bytes  # past head_dim: the last block
+            cell = max(c, zero)
+            words = wide.u16x4(pool, cell, base + two + (d0 & thirty_one), True)
+            return words, wide.half(pool, cell, base, c >= zero)[0]
 
         def value(raw, i):
-            return np.float32((_byte(raw, i) << np.int32(24)) >> np.int32(24))  # int8
+            return wide.s8(raw[i >> one], (i & one) * eight)
 
     elif code == quant.Q4_0:
 
         def load(pool, c, at, d0, kv_scale):
-            b = d0 // block
-            i = d0 - b * block
-            base = at + b * q4_bytes
-            cell, ok = max(c, zero), c >= zero
-            w = wide.u16x4(pool, cell, base + two + (i & fifteen), ok)
-            shift = (i >> two) & four  # values 16..31 are the high nibbles: shifted down
-            w = (w[0] >> shift, w[1] >> shift, w[2] >> shift, w[3] >> shift)
-            return w, wide.half(pool, cell, base, ok)[0]
+            i = d0 & thirty_one
+            base = at + min(d0 // block, last) * q4_bytes
+            cell = max(c, zero)
+            w = wide.u16x4(pool, cell, base + two + (i & fifteen), True)
+            up = four - ((i >> two) & four)  # values 0..15 are the low nibbles: shifted up
+            lo = w[0] | (w[1] << sixteen)
+            hi = w[2] | (w[3] << sixteen)
+            # code - 8 as a signed byte's high nibble: 16 (code - 8), the 16 folded into d
+            # (flip and mask are the bias and the nibbles before the shift: one LOP3)
+            flip, mask = SIGNS >> up, NIBBLES >> up
+            words = (((lo ^ flip) & mask) << up, ((hi ^ flip) & mask) << up)
+            return words, wide.half(pool, cell, base, c >= zero)[0] * SIXTEENTH
 
         def value(raw, i):
-            return np.float32((_byte(raw, i) & fifteen) - eight)
+            return wide.s8(raw[i >> two], (i & np.int32(3)) * eight)
 
     else:
 
         def load(pool, c, at, d0, kv_scale):
-            return wide.u32x2(pool, max(c, zero), at + d0, c >= zero), kv_scale
+            w = wide.u32x2(pool, max(c, zero), at + d0, c >= zero)
+            even0, odd0 = _e4m3_halves(w[0])
+            even1, odd1 = _e4m3_halves(w[1])
+            return (even0, odd0, even1, odd1), kv_scale * E4M3_UNIT
 
-        def value(raw, i):
-            return _e4m3((raw[i >> two] >> ((i & np.int32(3)) * eight)) & np.int32(0xFF))
+        def value(raw, i):  # element i: word 2 (i // 4) + i % 2, half (i // 2) % 2
+            w = raw[((i >> two) << one) | (i & one)]
+            return wide.half_lo(w) if (i & two) == 0 else wide.half_hi(w)
 
     return device_function(load), device_function(value)
