@@ -25,7 +25,8 @@ from numbakv.testing.ops import (
 from numbakv.testing.shrink import shrink
 from numbakv.testing.workloads import ALL_KINDS, CODES, KINDS, Swarm, decode
 
-DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a few ops; one long
+DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a few ops; one long:
+    # room to fork two whole blocks of 32 and one position past them (hazards.cuts)
     CacheConfig(n_layers=1, n_kv_heads=2, head_dim=4, windows=(1,), capacity=6,
                 max_width=6, max_seqs=2, max_seq_len=6, initial_cells=1),
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=8, windows=(0, 3), capacity=24,
@@ -35,7 +36,7 @@ DEFAULT_CONFIGS = (  # small, every refusal of docs/contract.md §6.1 within a f
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(4, 0), capacity=40,
                 max_width=6, max_seqs=5, max_seq_len=8, initial_cells=8),
     CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(0, 5), capacity=72,
-                max_width=8, max_seqs=3, max_seq_len=34, initial_cells=4),
+                max_width=16, max_seqs=3, max_seq_len=67, initial_cells=4),
 )  # fmt: skip
 # quantized storage (docs/contract.md §4.1): one format throughout, K and V apart, per layer
 # (a sliding float16 layer beside a global quantized one), fp8 with per-head scales; GQA
@@ -69,6 +70,8 @@ def check_cache(
     kinds: Iterable[str] = KINDS,
     op_timeout: float | None = OP_TIMEOUT,
     report: bool = False,
+    strict: bool = False,
+    block_size: int | None = None,
 ) -> Coverage | None:
     """Holds `factory(config)` (a `CacheUnderTest`) to the reference, op by op.
 
@@ -77,9 +80,10 @@ def check_cache(
     compare      : "semantic" for any layout, "table" for a cell layout (see `run_script`)
     configs      : the configs to run (default DEFAULT_CONFIGS: GQA, windows at and
                    around the history, float32 and float16, growth, full caches, one of
-                   sequences up to 34 positions); give your own for your block size, your
-                   head counts, longer sequences or a larger pool; QUANTIZED_CONFIGS
-                   for q8_0, q4_0 and fp8_e4m3 storage (compare="table" holds their bytes)
+                   sequences up to 67 positions); give your own for your head
+                   counts, longer sequences, a block size past 32 or a larger pool;
+                   QUANTIZED_CONFIGS for q8_0, q4_0 and fp8_e4m3 storage (compare="table"
+                   holds their bytes)
     hazards      : first run every hazard scenario (`HAZARDS`, and `OPTIONAL_HAZARDS`
                    of the kinds asked for) on every config; or the names of those to run
                    (False: none)
@@ -98,22 +102,37 @@ def check_cache(
                    a hazard's ids become the ids the prefix leaves free, in order
     check        : a hook called after every op (see `run_script`), for a layout's own state
     op_timeout   : seconds an op of the cache may take before it is a hang (a divergence)
-    report       : return the `Coverage` of the run (what it exercised)
+    report       : return the `Coverage` of the run (what it exercised, and the rules of
+                   numbakv's etiquette the cache did not follow)
+    strict       : also hold the cache to numbakv's argument etiquette
+                   (`etiquette.ETIQUETTE`: K/V that are not floats refused, a stale step's
+                   fields raising StepError, the class of the first of several faults,
+                   StepError for a malformed argument); by default a cache is held to
+                   behaviour alone (the etiquette it breaks is reported): every
+                   placement, position, stored K/V byte (compare="table"), attention output
+                   and refusal a runtime sees (capacity, dead or reused ids, positions,
+                   windows, the step protocol's state)
+    block_size   : your layout's block (page) size N: the fork, rewind and reload hazards
+                   cut at 0, 1, N-1, N, N+1, 2N-1, 2N and 2N+1 positions (default 16 and
+                   32; every position up to 17 always: `hazards.cuts`) where a config has
+                   room; ValueError when no config holds 2N+1 positions and two more
 
     Returns None (or the Coverage) when every script agreed; otherwise raises `Divergence`
     (an AssertionError) whose message names the hazard (`hazard 'fork-partial-then-append'
-    at offset 3: ...`) or the workload, and holds the shrunk op script (the prefix
-    included), the config and the first difference.
+    at offset 3 of 24: ...`) or the workload, and holds the shrunk op script (the
+    prefix included), the config and the first difference.
     """
     if compare not in COMPARES:
         raise ValueError(f"compare={compare!r}: give one of {COMPARES}")
     configs, started = list(configs or DEFAULT_CONFIGS), time.perf_counter()
+    _check_block_size(block_size, configs, hazards)
     coverage = Coverage(compare)
 
     def run(config: CacheConfig, ops: Sequence[Op], what: str, draw=None) -> None:
         start = list(prefix(config) if callable(prefix) else prefix)
         runner = Runner(factory, config, compare, tolerance=tolerance, check=check,
-                        op_timeout=op_timeout, watch=coverage.watch(config))  # fmt: skip
+                        op_timeout=op_timeout, watch=coverage.watch(config),
+                        strict=strict)  # fmt: skip
         try:
             runner.setup(start)
             for op in ops if draw is None else draw(runner):
@@ -121,7 +140,8 @@ def check_cache(
                 if op.verb == "clear":
                     runner.setup(start)
         except Divergence as error:
-            shrunk = _shrunk(error, what, factory, compare, tolerance, check, op_timeout)
+            shrunk = _shrunk(error, what, factory, dict(compare=compare, tolerance=tolerance,
+                             check=check, op_timeout=op_timeout, strict=strict))  # fmt: skip
             coverage.seconds, shrunk.coverage = time.perf_counter() - started, coverage
             raise shrunk from None
 
@@ -129,7 +149,7 @@ def check_cache(
     kinds = _kinds(kinds)
     for config in configs if names else ():
         free = _free_ids(config, prefix)
-        for name, label, ops in hazard_scripts.scripts(config, compare, names):
+        for name, label, ops in hazard_scripts.scripts(config, compare, names, block_size):
             if any(op.verb not in kinds for op in ops):
                 continue
             coverage.hazards[name] += 1
@@ -141,7 +161,7 @@ def check_cache(
 
         def draw(runner, config=config, swarm=swarm, n_ops=n_ops):
             for _ in range(n_ops):
-                width = runner.watch.protocol.width
+                width = runner.protocol.width
                 yield decode(int(rng.integers(CODES, dtype=np.uint64)), runner.reference,
                              config, swarm, width, compare)  # fmt: skip
 
@@ -191,24 +211,38 @@ def _renamed(op: Op, free: list[int]) -> Op:
     return op
 
 
-def _shrunk(error: Divergence, what: str, factory, compare, tolerance, check,
-            op_timeout) -> Divergence:  # fmt: skip
-    """The Divergence of the shortest script `shrink` finds, its message naming `what`."""
+def _check_block_size(block_size, configs: list[CacheConfig], hazards) -> None:
+    """ValueError for a block size that is not a positive int, or (the fork hazards run)
+    whose 2N+1 positions no config has room for."""
+    if block_size is None:
+        return
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size={block_size!r}: give a positive int, or None")
+    wanted = 2 * block_size + 1
+    if hazards and max(map(hazard_scripts.room, configs)) < wanted:
+        raise ValueError(
+            f"block_size={block_size}: no config has room for the {wanted} positions the "
+            f"fork hazards cut at (2N+1) and two more per side: pass configs= with one of "
+            f"max_seq_len >= {wanted + 2} and capacity >= {wanted + 4}"
+        )
+
+
+def _shrunk(error: Divergence, what: str, factory, keywords: dict) -> Divergence:
+    """The Divergence of the shortest script `shrink` finds, its message naming `what`;
+    `keywords` those of `run_script` the run used."""
     if not error.ops:  # the factory failed: nothing to shrink
         return Divergence(f"{what}: {error}", error.ops, error.index, error.config)
 
     def fails(ops) -> bool:
         try:
-            run_script(factory, error.config, ops, compare, tolerance=tolerance, check=check,
-                       op_timeout=op_timeout)  # fmt: skip
+            run_script(factory, error.config, ops, **keywords)
         except Divergence:
             return True
         return False
 
     minimal = shrink(error.ops, fails)
     try:
-        run_script(factory, error.config, minimal, compare, tolerance=tolerance, check=check,
-                   op_timeout=op_timeout)  # fmt: skip
+        run_script(factory, error.config, minimal, **keywords)
     except Divergence as shrunk:
         return Divergence(f"{what}: {len(error.ops)} ops shrunk to {len(minimal)}: {shrunk}",
                           shrunk.ops, shrunk.index, error.config)  # fmt: skip

@@ -3,9 +3,10 @@ caches (forks inside a block, rewinds into shared cells, ids reused, windows at 
 padding, growth inside a step, GQA groups, long sequences, the step protocol's rules).
 `check_cache` runs every one before its random workloads, so a cache that fails one fails
 it whatever the seed, and the failure names it: `hazard 'fork-partial-then-append' at
-offset 3`. `HAZARDS` maps each name to what it walks and its scripts (`scripts(config)`:
+offset 3 of 24`. `HAZARDS` maps each name to what it walks and its scripts (`scripts(config)`:
 (label, ops) pairs). Ids are those `seq_new` hands out (the lowest free: 0, then 1, ...).
-NumPy only.
+The fork, rewind and reload hazards scale with the layout: they cut at the edges of block
+sizes up to 8, 16 and 32, or of the block size given (`cuts`, `BLOCKWISE`). NumPy only.
 """
 
 from collections.abc import Callable, Iterable, Iterator
@@ -42,43 +43,98 @@ class Script:
 
 
 def span(config: CacheConfig) -> int:
-    """The length of the sequence the fork and rewind hazards cut at every position: as
-    long as two of it fit (beside two tokens each), at most 24 (6 blocks of 4)."""
+    """The length of the sequences the id-reuse and clear hazards fill: as long as two of it
+    fit (beside two tokens each), at most 24 (6 blocks of 4)."""
     return max(1, min(config.max_seq_len - 2, (config.capacity - 4) // 2, 24))
 
 
-def fork_partial(config: CacheConfig) -> Scripts:
-    n = span(config)
-    for offset in range(n + 1):
+SMALL_BLOCKS = 8  # block sizes up to 8: the fork hazards cut at every position to 2 * 8 + 1
+LARGE_BLOCKS = (16, 32)  # larger block sizes whose edges they cut at by default
+
+
+def room(config: CacheConfig) -> int:
+    """The longest sequence the fork and rewind hazards fork: it, and two more tokens of
+    each side of the fork, fit in max_seq_len and in the pool."""
+    return max(1, min(config.max_seq_len - 2, config.capacity - 4))
+
+
+def edges(block_size: int) -> set[int]:
+    """0, 1, N-1, N, N+1, 2N-1, 2N and 2N+1 positions for N = `block_size`: nothing, one
+    token, a partial block, one whole block, one past, a partial second one, two whole ones
+    and one past them."""
+    n = block_size
+    return {0, 1, n - 1, n, n + 1, 2 * n - 1, 2 * n, 2 * n + 1}
+
+
+def larger(block_size: int | None) -> tuple[int, ...]:
+    """The block sizes past SMALL_BLOCKS whose edges are cut: `block_size`, or by default
+    LARGE_BLOCKS."""
+    if block_size is None:
+        return LARGE_BLOCKS
+    return (block_size,) if block_size > SMALL_BLOCKS else ()
+
+
+def cuts(config: CacheConfig, block_size: int | None = None) -> list[int]:
+    """The positions the fork, rewind and reload hazards cut at: every one up to 2 * 8 + 1
+    (so every block size up to 8 is forked whole, partial and past two blocks), and the
+    `edges` of `block_size` (default 16 and 32), as far as `room(config)` reaches."""
+    wanted = set(range(2 * SMALL_BLOCKS + 2)).union(*map(edges, larger(block_size)))
+    return sorted(cut for cut in wanted if cut <= room(config))
+
+
+def forked(config: CacheConfig, offset: int) -> int:
+    """The length of the sequence a fork at `offset` cuts: 24 (every block of up to 8 past
+    the first positions), or two past the offset, as far as `room(config)` reaches."""
+    return min(room(config), max(3 * SMALL_BLOCKS, offset + 2))
+
+
+def fork_partial(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    for offset in cuts(config, block_size):
+        n = forked(config, offset)
         s = Script(config).prefill(0, n).add("seq_clone", 0, offset)
-        yield f"at offset {offset}", s.step([0, 1]).step([1]).step([0]).ops
+        yield f"at offset {offset} of {n}", s.step([0, 1]).step([1]).step([0]).ops
 
 
-def fork_whole(config: CacheConfig) -> Scripts:
-    for n in range(1, span(config) + 1):
+def fork_whole(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    for n in cuts(config, block_size):
         s = Script(config).prefill(0, n).add("seq_clone", 0, None)
         yield f"of length {n}", s.step([1]).step([1, 0]).step([0]).ops
 
 
-def rewind_shared(config: CacheConfig) -> Scripts:
-    n = span(config)
-    for who, name in ((0, "parent"), (1, "clone")):
-        for position in range(n + 1):
-            s = Script(config).prefill(0, n).add("seq_clone", 0, None).add("rewind", who, position)
-            yield f"{name} to {position}", s.step([0, 1]).step([who]).step([1 - who]).ops
+def rewind_shared(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    """A whole fork of min(24, room) positions rewound to each position up to 2 * 8 + 1
+    (into a shared whole block of every block size up to 8); and of 2N and 2N + 1 (two
+    whole blocks, and a partial third) for each larger block size N, rewound into or to the
+    edge of each whole block (N - 1, N, N + 1, 2N - 1, 2N)."""
+    n, limit = min(3 * SMALL_BLOCKS, room(config)), room(config)
+    forks = [(n, range(min(n, 2 * SMALL_BLOCKS + 1) + 1))]
+    for size in larger(block_size):
+        inside = (size - 1, size, size + 1, 2 * size - 1, 2 * size)
+        forks += [(m, inside) for m in (2 * size, 2 * size + 1) if m <= limit]
+    for n, positions in forks:
+        for who, name in ((0, "parent"), (1, "clone")):
+            for position in positions:
+                s = Script(config).prefill(0, n).add("seq_clone", 0, None)
+                s.add("rewind", who, position).step([0, 1]).step([who]).step([1 - who])
+                yield f"{name} of {n} to {position}", s.ops
 
 
-def rewind_every(config: CacheConfig) -> Scripts:
+def rewind_every(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    """A sequence as long as the config holds (n) rewound to each position up to 24 when n
+    is at most 24, else to each up to 2 * 8 + 1, to each larger block size's `edges` and to
+    n - 1 and n."""
     n = min(config.max_seq_len, config.capacity)
-    for position in range(n + 1):
+    every = 3 * SMALL_BLOCKS if n <= 3 * SMALL_BLOCKS else 2 * SMALL_BLOCKS + 1
+    wanted = set(range(every + 1)).union(*map(edges, larger(block_size)))
+    for position in sorted(p for p in wanted | {n - 1, n} if 0 <= p <= n):
         s = Script(config).prefill(0, n).add("rewind", 0, position)
         yield f"to {position} of {n}", s.step([0]).step([0] * min(2, config.max_width)).ops
 
 
-def remove_parent(config: CacheConfig) -> Scripts:
-    n = span(config)
-    for offset in range(n + 1):
-        s = Script(config).prefill(0, n).add("seq_clone", 0, offset).add("seq_rm", 0)
+def remove_parent(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    for offset in cuts(config, block_size):
+        s = Script(config).prefill(0, forked(config, offset))
+        s.add("seq_clone", 0, offset).add("seq_rm", 0)
         s.step([1]).step([1]).add("seq_new").step([0]).add("seq_rm", 1)
         yield f"at offset {offset}", s.step([0]).ops
 
@@ -244,11 +300,14 @@ def step_rules(config: CacheConfig) -> Scripts:
 
 
 HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
-    "fork-partial-then-append": ("a fork at every offset, then both append", fork_partial),
-    "fork-whole-then-append": ("a whole fork of every length, then both append", fork_whole),
-    "rewind-into-shared": ("parent or clone rewound into shared cells, then both append",
-                           rewind_shared),
-    "rewind-to-every-position": ("rewind to 0 and to every position, then append",
+    "fork-partial-then-append": ("a fork at every offset to 17 and at each block size's "
+                                 "edges, then both append", fork_partial),
+    "fork-whole-then-append": ("a whole fork of every length to 17 and of each block size's "
+                               "edges, then both append", fork_whole),
+    "rewind-into-shared": ("parent or clone rewound into shared cells (into shared whole "
+                           "blocks), then both append", rewind_shared),
+    "rewind-to-every-position": ("rewind to 0 and to every position (past 24, to a block "
+                                 "size's edges and the last two), then append",
                                  rewind_every),
     "id-reuse-after-removal": ("a removed id handed out again, then used", id_reuse),
     "remove-parent-after-fork": ("the parent removed after a fork, the clone appends, then "
@@ -272,32 +331,56 @@ HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
 }  # fmt: skip
 
 
-def reload_into_holes(config: CacheConfig) -> Scripts:
-    """Two sequences interleaved cell by cell, one removed; the other reloaded whole (into
-    the holes: the pool's tail is too short), reloaded again (too few cells or ids), and
-    its second half reloaded onto it; then they append (docs/contract.md §13)."""
-    n = max(1, min(config.max_seq_len - 1, config.capacity // 2))
-    s = Script(config, 2)
-    for _ in range(n):
-        s.step([0, 1])
-    s.add("seq_rm", 1).add("reload", 0, 0).add("reload", 0, 0).step([1, 0])
-    s.add("seq_rm", 1).add("reload", 0, n // 2).step([1]).step([0, 1])
-    yield f"of length {n}", s.ops
+def reload_into_holes(config: CacheConfig, block_size: int | None = None) -> Scripts:
+    """Two sequences of n interleaved cell by cell, one removed; the other reloaded whole
+    (into the holes: in a full config the pool's tail is too short), reloaded again (too
+    few cells or ids: refused where the pool is full), and both append. Then the copies
+    removed, the sequence cut to m positions, its tail from each start of `cuts` reloaded
+    onto it, and both append, the reloaded one first: its step reads the reloaded tail
+    through every global layer (docs/contract.md §13). n and m as large as the appends
+    fit."""
+    c, length, width = config.capacity, config.max_seq_len, config.max_width
+    if width < 2 or config.max_seqs < 2:
+        return
+    n = max(1, min(length - 1, (c - 2) // 2))
+    second = config.max_seqs >= 3 and c - 2 * n >= n  # the second whole reload is taken
+    taken = 3 * n if second else 2 * n  # the cells held after the whole reloads
+    held = n + 1 if c - taken >= 2 else n  # the first's positions once both appended
+    for start in cuts(config, block_size):
+        m = min(held, length - 2, (c - 3 + start) // 2)  # m + (m - start) + 3 cells
+        if not 0 < start < m:
+            continue
+        s = Script(config, 2)
+        for done in range(0, n, width // 2):
+            s.step([0, 1] * min(width // 2, n - done))
+        s.add("seq_rm", 1).add("reload", 0, 0).add("reload", 0, 0).step([1, 0]).add("seq_rm", 1)
+        if second:
+            s.add("seq_rm", 2)
+        if m < held:
+            s.add("rewind", 0, m)
+        s.add("reload", 0, start).step([1]).step([0, 1])
+        yield f"of {n}, then the tail from {start} of {m} onto it", s.ops
 
 
 # hazards of the optional kinds (`workloads.OPTIONAL_KINDS`): run only when asked for
 OPTIONAL_HAZARDS: dict[str, tuple[str, Callable[[CacheConfig], Scripts]]] = {
     "reload-into-holes": ("a sequence reloaded into a fragmented pool, refused when full, "
-                          "and its tail reloaded onto it", reload_into_holes),
+                          "and its tail from each cut reloaded onto it, then read",
+                          reload_into_holes),
 }  # fmt: skip
 ALL_HAZARDS = {**HAZARDS, **OPTIONAL_HAZARDS}
+# the hazards that cut at a block size's edges (`cuts`): `scripts(..., block_size=)`
+BLOCKWISE = ("fork-partial-then-append", "fork-whole-then-append", "rewind-into-shared",
+             "rewind-to-every-position", "remove-parent-after-fork",
+             "reload-into-holes")  # fmt: skip
 
 
-def scripts(config: CacheConfig, compare: str = "semantic",
-            names: Iterable[str] = HAZARDS) -> Iterator[tuple[str, str, list[Op]]]:  # fmt: skip
+def scripts(config: CacheConfig, compare: str = "semantic", names: Iterable[str] = HAZARDS,
+            block_size: int | None = None) -> Iterator[tuple[str, str, list[Op]]]:  # fmt: skip
     """The scripts of the hazards `names` (default all but the optional ones) for `config`:
     (name, label, ops), in `ALL_HAZARDS` order; reads of the fields of `READS[compare]`
-    only."""
+    only. Those of `BLOCKWISE` cut at the edges of `block_size` (default 16 and 32)
+    besides every position up to 17 (`cuts`)."""
     fields, names = READS[compare], set(names)
     unknown = names - set(ALL_HAZARDS)
     if unknown:
@@ -305,5 +388,6 @@ def scripts(config: CacheConfig, compare: str = "semantic",
     for name, (_, make) in ALL_HAZARDS.items():
         if name not in names:
             continue
-        for label, ops in make(config):
+        made = make(config, block_size) if name in BLOCKWISE else make(config)
+        for label, ops in made:
             yield name, label, [op for op in ops if op.verb != "read" or op.args[0] in fields]

@@ -46,15 +46,17 @@ from numbakv.checks import as_host
 from numbakv.config import CacheConfig
 from numbakv.errors import CacheError, StateError
 from numbakv.state import SeqState
+from numbakv.testing import state as rules  # what must hold besides the same outcomes
 from numbakv.testing.compare import differences, outcome_difference, said
+from numbakv.testing.etiquette import annotated, as_floats, broken
+from numbakv.testing.refusals import MODES as MODES  # MODES: an op names one
+from numbakv.testing.refusals import Protocol
 from numbakv.testing.saved import SavedStates, by_position
-from numbakv.testing.state import after_op, observed, refusal_changed, track_step
 
 COMPARES = ("semantic", "table")
 TABLE_VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
 STEP_VERBS = ("declare", "prepare", "write", "attend", "read")
 VERBS = (*TABLE_VERBS, "step", *STEP_VERBS, "reload", "save", "load")
-MODES = ("gathered", "masked")
 OP_TIMEOUT = 10.0  # seconds one op of the cache under test may take before it is a hang
 
 Check = Callable[..., "str | None"]  # check(reference, cache, op, expected, got)
@@ -206,25 +208,29 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 class Runner:
     """The reference and a cache under test side by side: `run(op)` applies `op` to both and
     raises `Divergence` at the first difference (see `run_script` for `compare`, `tolerance`,
-    `check` and `op_timeout`). `watch`, an optional observer of the run (`Coverage`), has
-    `before(runner, op)` and `after(runner, op, expected, got)` called around each op."""
+    `check`, `op_timeout` and `strict`). `watch`, an optional observer of the run
+    (`Coverage`), has `after(runner, op, expected, got)` called after each op and
+    `note(rule, op)` at each etiquette rule the cache broke (admitted: not strict)."""
 
     def __init__(self, factory: Callable[[CacheConfig], object], config: CacheConfig,
                  compare: str = "semantic", reference=None, tolerance: float | None = None,
                  check: Check | None = None, op_timeout: float | None = OP_TIMEOUT,
-                 watch=None):  # fmt: skip
+                 watch=None, strict: bool = False):  # fmt: skip
         if compare not in COMPARES:
             raise ValueError(f"compare={compare!r}: give one of {COMPARES}")
         if reference is None:
             from numbakv.reference import CellCache as reference
         self.config, self.compare, self.check, self.ops = config, compare, check, []
         self.tolerance = config.tolerance if tolerance is None else tolerance
-        self.op_timeout, self.watch = op_timeout, watch
+        self.op_timeout, self.watch, self.strict = op_timeout, watch, strict
         self.replay_keywords = "".join(  # the run_script keywords that replay this runner's ops
             text for text, given in ((f", compare={compare!r}", compare != "semantic"),
                                      (f", tolerance={tolerance!r}", tolerance is not None),
-                                     (", check=check", check is not None)) if given
+                                     (", check=check", check is not None),
+                                     (", strict=True", strict)) if given
         )  # fmt: skip
+        self.protocol, self.faults = Protocol(config), []  # the faults of the op being run
+        self.etiquette: dict[str, Op] = {}  # rule broken (not strict): the first op that did
         self.reference = reference(config)
         self.cache = self._made(factory, config)
         self.steps = None  # (the reference's, the cache's) last prepared step, while compared
@@ -242,29 +248,57 @@ class Runner:
 
     def run(self, op: Op) -> None:
         self.ops.append(op)
-        if self.watch is not None:
-            self.watch.before(self, op)
-        problem, before = self._read(observed, self.cache, self.compare)
-        expected = outcome(self.reference, self.states.side(op, 0), self.config, self.last[0])
-        got = outcome(self.cache, self.states.side(op, 1), self.config, self.last[1],
-                      Exception, self.op_timeout)  # fmt: skip
-        self._keep(op, expected, got)
+        self.faults = self.protocol.faults(op, self.reference)
+        problem, before = self._read(rules.observed, self.cache, self.compare)
+        expected, got, rule = self._outcomes(op)
         if self.watch is not None:
             self.watch.after(self, op, expected, got)
+        expected, seen = self._admit(op, expected, got, rule)
         if problem is None:
-            failed, problem = self._read(self._compare, op, before, expected, got)
+            failed, problem = self._read(self._compare, op, before, expected, got, seen, rule)
             problem = failed or problem
         self._raise(problem)
 
-    def _compare(self, op: Op, before, expected, got) -> str | None:
+    def _outcomes(self, op: Op) -> tuple:
+        """(expected, got, rule): each side's outcome of `op`, and the `ETIQUETTE` rule that
+        alone they differ in (None: none)."""
+        stale = self.last[0] is not None and self.last[0].is_stale
+        expected = outcome(self.reference, self.states.side(op, 0), self.config, self.last[0])
+        got = outcome(self.cache, self.states.side(op, 1), self.config, self.last[1],
+                      Exception, self.op_timeout)  # fmt: skip
+        return expected, got, broken(op, self.faults, expected, got, stale)
+
+    def _admit(self, op: Op, expected, got, rule: str | None) -> tuple:
+        """Keeps the op's outcomes (`_keep`); gives (expected, seen): the reference's outcome
+        and the one the cache's is held to, `got` or, `rule` admitted (not strict: noted),
+        `expected`. A cache that took K/V that are not floats is held to the reference's
+        write of their float32 values."""
+        admitted = rule is not None and not self.strict
+        if admitted and rule == "write-dtype" and got[1] is None:
+            layer, rows, seed, _ = op.args
+            expected = as_floats(self.reference, op, *step_inputs(self.config, rows, 1, seed,
+                                                                  layer)[:2])  # fmt: skip
+        self._keep(op, expected, got)
+        if not admitted:
+            return expected, got
+        self.note(rule, op)
+        return expected, expected
+
+    def note(self, rule: str, op: Op) -> None:
+        """The cache broke etiquette `rule` at `op` (not strict): kept, and told the watch."""
+        self.etiquette.setdefault(rule, op)
+        if self.watch is not None:
+            self.watch.note(rule, op)
+
+    def _compare(self, op: Op, before, expected, got, seen, rule: str | None) -> str | None:
         problem = None
-        if got[1] is not None and type(got[1]) is type(expected[1]):
-            problem = refusal_changed(self.cache, self.compare, before)
+        if got[1] is not None and expected[1] is not None:  # a refusal changes nothing
+            problem = rules.refusal_changed(self.cache, self.compare, before)
         n_tokens = self.last[0].n_tokens if op.verb == "attend" and expected[1] is None else None
-        problem = problem or differences(self.reference, self.cache, op, expected, got,
-                                         self.compare, self.tolerance, n_tokens,
-                                         self._undefined(op, expected))  # fmt: skip
-        return problem or after_op(self, op, expected, got)
+        problem = problem or annotated(differences(
+            self.reference, self.cache, op, expected, seen, self.compare, self.tolerance,
+            n_tokens, rules.undefined(self, op, expected)), rule)  # fmt: skip
+        return problem or rules.after_op(self, op, expected, got)
 
     def _read(self, function, *args):
         """(None, function(*args)), or (a sentence, None) when reading the cache raised."""
@@ -275,42 +309,22 @@ class Runner:
             return f"reading the cache's state {said(error)}", None
 
     def _keep(self, op: Op, expected, got) -> None:
-        """A step that a prepare or step op made is each side's last step; the reference's
-        cells that a prepare placed are unwritten in every layer until a write of the step."""
+        """The protocol's state after the op; a step that a prepare or step op made is each
+        side's last step; the reference's unwritten cells (`keep_unwritten`)."""
         result, error = expected
-        if error is None and op.verb in ("step", "write"):
-            cells = set(self.last[0].cells.tolist() if op.verb == "write" else
-                        result[0].cells.tolist())  # fmt: skip
-            for layer in [op.args[0]] if op.verb == "write" else range(self.config.n_layers):
-                self.unwritten[layer] -= cells
+        refused = None if error is None else (self.faults or ["unexplained"])[0]
+        self.protocol.after(op, refused, result)
+        rules.keep_unwritten(self, op, expected)
         if op.verb in ("step", "prepare"):
             for side, (result, error) in enumerate((expected, got)):
                 if error is None:
                     self.last[side] = result[0] if op.verb == "step" else result
-        if op.verb == "prepare" and expected[1] is None:
-            placed = set(expected[0].cells.tolist()) - {-1}
-            for cells in self.unwritten:
-                cells |= placed
         self.states.keep(op, expected, got, self.reference, self.unwritten)
         if op.verb == "reload" and expected[1] is None:  # a copy of an unwritten cell is one
             snapshot = self.reference.snapshot()
             source, copy = (by_position(snapshot, seq) for seq in (op.args[0], expected[0]))
             for cells in self.unwritten:
                 cells |= {copy[p] for p, cell in source.items() if cell in cells}
-
-    def _undefined(self, op: Op, expected) -> dict | None:
-        """{layer: [width] bool}: the rows of an attending op that see a cell no step wrote
-        in that layer (its K/V undefined: a prepare without writes), or None."""
-        if expected[1] is not None or op.verb not in ("step", "attend"):
-            return None
-        step = expected[0][0] if op.verb == "step" else self.last[0]
-        layers = range(self.config.n_layers) if op.verb == "step" else [op.args[0]]
-        rows = {}
-        for layer in layers:
-            cells = sorted(c for c in self.unwritten[layer] if c < step.read_len)
-            if cells:
-                rows[layer] = step.mask(self.config.windows[layer])[:, cells].any(axis=1)
-        return rows or None
 
     def setup(self, ops: Sequence[Op]) -> None:
         """Runs `ops` (a prefix that makes a state: ids parked, sequences open) comparing
@@ -319,11 +333,12 @@ class Runner:
         each of them fully."""
         for op in ops[:-1]:
             self.ops.append(op)
-            expected = outcome(self.reference, op, self.config, self.last[0])
-            got = outcome(self.cache, op, self.config, self.last[1], Exception, self.op_timeout)
-            self._keep(op, expected, got)
-            self._raise(outcome_difference(op, expected, got, self.compare, self.tolerance))
-            track_step(self, op, expected, got)
+            self.faults = self.protocol.faults(op, self.reference)
+            expected, got, rule = self._outcomes(op)
+            expected, seen = self._admit(op, expected, got, rule)
+            self._raise(annotated(outcome_difference(op, expected, seen, self.compare,
+                                                     self.tolerance), rule))  # fmt: skip
+            rules.track_step(self, op, expected, got)
         for op in ops[-1:]:
             self.run(op)
 
@@ -344,17 +359,17 @@ class Runner:
 def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
                ops: Sequence[Op], compare: str = "semantic", reference=None,
                tolerance: float | None = None, *, check: Check | None = None,
-               op_timeout: float | None = OP_TIMEOUT) -> None:  # fmt: skip
+               op_timeout: float | None = OP_TIMEOUT, strict: bool = False) -> None:  # fmt: skip
     """Runs `ops` on `factory(config)` and on the reference cache (or `reference`, a factory
     of the oracle), comparing after every op; raises `Divergence` at the first difference.
 
     compare    : "semantic" (any layout): the same outcome (returned, or the same error
                  class: any other exception of the cache, `IndexError` included, is a
-                 difference), ids, pos of every live id, live ids, cells used and free, step
-                 positions/seq_ids/width/n_tokens, attention outputs within `tolerance`
-                 (float32 [width, n_heads, head_dim], padding rows exactly 0), a read field's
-                 value; a refused op leaves the cache as it was; the last step goes stale
-                 when the reference's does (then its fields raise StepError);
+                 difference, but as `strict` admits), ids, pos of every live id, live ids,
+                 cells used and free, step positions/seq_ids/width/n_tokens, attention
+                 outputs within `tolerance` (float32 [width, n_heads, head_dim], padding rows
+                 exactly 0), a read field's value; a refused op leaves the cache as it was;
+                 the last step goes stale when the reference's does;
                  `check_invariants()` holds after every op on a cache that has it. "table"
                  (cell layouts) adds the snapshot, each step's cells and read_len, every
                  window's mask (uint8 [width, read_len]) and, when the cache has `pool_kv`,
@@ -371,7 +386,13 @@ def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
                  own state (a device mirror, bindings)
     op_timeout : seconds one op of the cache may run before it is a hang (a Divergence);
                  None: no limit (SIGALRM: only in the main thread on POSIX)
+    strict     : also hold the cache to numbakv's argument etiquette (`etiquette.ETIQUETTE`:
+                 K/V that are not floats refused, a stale step's fields raising StepError,
+                 the class of the first of several faults, StepError for a malformed
+                 argument); by default a difference in those alone is admitted (the
+                 runner's `etiquette` keeps the first op that broke each rule)
     """
-    runner = Runner(factory, config, compare, reference, tolerance, check, op_timeout)
+    runner = Runner(factory, config, compare, reference, tolerance, check, op_timeout,
+                    strict=strict)  # fmt: skip
     for op in ops:
         runner.run(op)

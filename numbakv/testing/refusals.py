@@ -7,13 +7,20 @@ holds every refusal of the contract to being reached. NumPy only.
 The names are the kit's; the rows are the contract's, in its order of checks.
 """
 
+from __future__ import annotations
+
 import operator
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from numbakv.config import CacheConfig
-from numbakv.testing.ops import MODES, Op
+
+if TYPE_CHECKING:  # ops runs the ops and keeps a Protocol of them
+    from numbakv.testing.ops import Op
+
+MODES = ("gathered", "masked")  # the attention modes of docs/contract.md §5
 
 REFUSALS = {  # name: (error class, what is refused)
     "declare: not a list": ("StepError", "declare_step of something not a list of ids"),
@@ -52,7 +59,7 @@ REFUSALS = {  # name: (error class, what is refused)
 }  # fmt: skip
 TABLE_ONLY = ("read: no such window",)  # masks are a layout field: compare="table" reads them
 # drop a declaration, stale the step
-TABLE_CHANGES = ("seq_clone", "seq_rm", "rewind", "clear", "reload")
+TABLE_CHANGES = ("seq_clone", "seq_rm", "rewind", "clear", "reload", "load")
 
 
 def index(value) -> int | None:
@@ -77,9 +84,19 @@ class Protocol:
         self.written: set[int] = set()
         self.prepared = False  # whether any step was prepared (a read reads the last)
 
-    def expect(self, op: Op, reference) -> str | None:
-        """The name of the refusal the reference will raise for `op` (`REFUSALS`), or None
-        when it will accept it; `reference` as it is before the op."""
+    def faults(self, op: Op, reference) -> list[str]:
+        """Every refusal of `REFUSALS` that `op` earns, in the contract's order of checks:
+        the first is the one the reference will raise (none: it will accept the op), the
+        later ones those a cache that checks in another order may raise (`etiquette`).
+        `reference` as it is before the op. A check that needs an earlier one to pass (the
+        positions of an id that is not live) is left out; an op whose arguments the kit
+        cannot read (a hand-written script's) has none foretold."""
+        try:
+            return self._faults(op, reference)
+        except (TypeError, ValueError, OverflowError):
+            return []
+
+    def _faults(self, op: Op, reference) -> list[str]:
         verb, args = op.verb, op.args
         if verb == "step":
             ids, width = args[:2]
@@ -88,7 +105,7 @@ class Protocol:
             return self._declare(args[0], reference)
         if verb == "prepare":
             if self.pending is None:
-                return "prepare: nothing declared"
+                return ["prepare: nothing declared"]
             return self._width(args[0], len(self.pending))
         if verb in ("write", "attend"):
             return self._kv(verb, args)
@@ -113,82 +130,92 @@ class Protocol:
         elif verb == "write":
             self.written.add(index(op.args[0]))
 
-    def _declare(self, ids, reference) -> str | None:
+    def _declare(self, ids, reference) -> list[str]:
         if not isinstance(ids, tuple | list | range):
-            return "declare: not a list"
-        live = set(reference.live_seqs)
-        if any(index(seq) not in live for seq in ids):
-            return "declare: id not live"
-        if not ids:
-            return "declare: empty"
-        if len(ids) > self.config.max_width:
-            return "declare: too wide"
-        if len(ids) > reference.free_cells:
-            return "declare: too few free cells"
+            return ["declare: not a list"]
+        live, faults = set(reference.live_seqs), []
         counts = Counter(index(seq) for seq in ids)
-        if any(reference.pos(seq) + n > self.config.max_seq_len for seq, n in counts.items()):
-            return "declare: past max_seq_len"
-        return None
+        if any(seq not in live for seq in counts):
+            faults.append("declare: id not live")
+        if not ids:
+            faults.append("declare: empty")
+        if len(ids) > self.config.max_width:
+            faults.append("declare: too wide")
+        if len(ids) > reference.free_cells:
+            faults.append("declare: too few free cells")
+        if any(reference.pos(seq) + n > self.config.max_seq_len
+               for seq, n in counts.items() if seq in live):  # fmt: skip
+            faults.append("declare: past max_seq_len")
+        return faults
 
-    def _width(self, width, n: int) -> str | None:
+    def _width(self, width, n: int) -> list[str]:
         if width is None:
-            return None
+            return []
         width = index(width)
-        return None if width is not None and n <= width <= self.config.max_width else (
+        return [] if width is not None and n <= width <= self.config.max_width else [
             "prepare: bad width"
-        )  # fmt: skip
+        ]  # fmt: skip
 
-    def _kv(self, verb: str, args: tuple) -> str | None:
-        config, layer = self.config, index(args[0])
+    def _kv(self, verb: str, args: tuple) -> list[str]:
+        config, layer, faults = self.config, index(args[0]), []
         if self.width is None:
-            return f"{verb}: no valid step"
+            faults.append(f"{verb}: no valid step")
         if layer is None or not 0 <= layer < config.n_layers:
-            return f"{verb}: bad layer"
+            faults.append(f"{verb}: bad layer")
         if verb == "write":
             dtype = args[3] if len(args) > 3 else "float32"
             if np.dtype(dtype).kind != "f":
-                return "write: bad dtype"
-            return None if args[1] == self.width else "write: bad shape"
+                faults.append("write: bad dtype")
+            if self.width is not None and args[1] != self.width:
+                faults.append("write: bad shape")
+            return faults
         rows, n_heads, _, scale, mode = args[1:]
         if mode is not None and mode not in MODES:
-            return "attend: bad mode"
-        if layer not in self.written:
-            return "attend: before write"
+            faults.append("attend: bad mode")
+        if self.width is not None and "attend: bad layer" not in faults and (
+            layer not in self.written
+        ):  # fmt: skip
+            faults.append("attend: before write")
         if n_heads < 1 or n_heads % config.n_kv_heads:
-            return "attend: bad heads"
-        if rows != self.width:
-            return "attend: bad shape"
-        good = scale is None or (
-            type(scale) in (int, float) and np.isfinite(np.float32(scale)) and scale > 0
-        )
-        return None if good else "attend: bad scale"
+            faults.append("attend: bad heads")
+        if self.width is not None and rows != self.width:
+            faults.append("attend: bad shape")
+        with np.errstate(over="ignore"):  # a scale past float32's range is not finite
+            good = scale is None or (
+                type(scale) in (int, float) and np.isfinite(np.float32(scale)) and scale > 0
+            )
+        if not good:
+            faults.append("attend: bad scale")
+        return faults
 
-    def _read(self, args: tuple) -> str | None:
+    def _read(self, args: tuple) -> list[str]:
         field, *window = args
         if field == "is_stale" or not self.prepared:  # no step: a read gives None
-            return None
-        if self.width is None:
-            return "read: stale step"
+            return []
+        faults = [] if self.width is not None else ["read: stale step"]
         if field == "mask" and window[0] not in self.config.distinct_windows:
-            return "read: no such window"
-        return None
+            faults.append("read: no such window")
+        return faults
 
-    def _table(self, verb: str, args: tuple, reference) -> str | None:
+    def _table(self, verb: str, args: tuple, reference) -> list[str]:
         live, full = set(reference.live_seqs), len(reference.live_seqs) == self.config.max_seqs
         if verb == "seq_new":
-            return "seq_new: every id live" if full else None
-        if verb == "clear":
-            return None
-        seq = index(args[0])
+            return ["seq_new: every id live"] if full else []
+        if verb not in ("seq_clone", "seq_rm", "rewind", "reload"):  # clear; an op log's
+            return []  # save and load, which the kit does not foretell
+        seq, faults = index(args[0]), []
         if seq not in live:
-            return f"{verb}: {'src ' if verb == 'seq_clone' else ''}not live"
-        if len(args) > 1 and args[1] is not None:
-            position = index(args[1])
-            if position is None or not 0 <= position <= reference.pos(seq):
-                name = {"seq_clone": "upto", "reload": "start"}.get(verb, "position")
-                return f"{verb}: {name} out of range"
+            faults.append(f"{verb}: {'src ' if verb == 'seq_clone' else ''}not live")
+        position = None if len(args) < 2 or args[1] is None else index(args[1])
+        if len(args) > 1 and args[1] is not None and (
+            position is None or position < 0 or (seq in live and position > reference.pos(seq))
+        ):  # fmt: skip
+            name = {"seq_clone": "upto", "reload": "start"}.get(verb, "position")
+            faults.append(f"{verb}: {name} out of range")
         if verb in ("seq_clone", "reload") and full:
-            return f"{verb}: every id live"
-        if verb == "reload" and reference.pos(seq) - index(args[1]) > reference.free_cells:
-            return "reload: too few free cells"
-        return None
+            faults.append(f"{verb}: every id live")
+        if verb == "reload" and not faults and (
+            reference.pos(seq) - position > reference.free_cells
+        ):  # fmt: skip
+            faults.append("reload: too few free cells")
+        return faults

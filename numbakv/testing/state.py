@@ -1,7 +1,9 @@
 """What must hold after every op besides "the same as the reference" (`compare`): a refused
-op changed nothing in the cache, the last step went stale exactly when the reference's did,
-the cache's own `check_invariants()` holds, a cell layout's occupied K/V bytes are the
-reference's, and the caller's hook agrees (`after_op`). NumPy only."""
+op changed nothing in the cache, the last step went stale exactly when the reference's did
+(its fields then raise StepError: etiquette, held when strict), the cache's own
+`check_invariants()` holds, a cell layout's occupied K/V bytes are the reference's, and the
+caller's hook agrees (`after_op`); which rows of an attention see K/V no step wrote
+(`undefined`). NumPy only."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from numbakv.errors import StepError
 from numbakv.testing.compare import SIDES, step_difference, step_fields
+from numbakv.testing.etiquette import annotated
 
 if TYPE_CHECKING:  # ops runs the ops and calls this module after each
     from numbakv.testing.ops import Op, Runner
@@ -60,8 +63,9 @@ def after_op(runner: Runner, op: Op, expected, got) -> str | None:
 
 
 def _stale(runner: Runner, op: Op, expected, got) -> str | None:
-    """The last prepared steps of both: stale alike (a stale one's fields raise StepError),
-    a valid one's fields still the reference's. A new step replaces them."""
+    """The last prepared steps of both: stale alike, a valid one's fields still the
+    reference's; a stale one's fields raise StepError (etiquette "stale-step-fields": held
+    when strict, else noted). A new step replaces them."""
     problem = None
     if runner.steps is not None:
         want, have = runner.steps
@@ -71,6 +75,10 @@ def _stale(runner: Runner, op: Op, expected, got) -> str | None:
         if want.is_stale:
             problem = _raises_stale(want, have, runner.compare)
             runner.steps = None
+            if problem and not runner.strict:
+                runner.note("stale-step-fields", op)
+                problem = None
+            problem = annotated(problem, "stale-step-fields")
         else:
             problem = step_difference(want, have, runner.compare)
     track_step(runner, op, expected, got)
@@ -86,14 +94,48 @@ def track_step(runner: Runner, op: Op, expected, got) -> None:
 
 
 def _raises_stale(want, have, compare: str) -> str | None:
+    """Which side's stale step gives a field without raising StepError (any other
+    exception is not StepError either)."""
     for side, step in zip(SIDES, (want, have), strict=True):
         for field in step_fields(compare):
             try:
                 getattr(step, field)
             except StepError:
                 continue
+            except Exception as error:
+                return f"{side}'s stale step.{field} raised {type(error).__name__}, not StepError"
             return f"{side}'s stale step gives step.{field} without raising StepError"
     return None
+
+
+def keep_unwritten(runner: Runner, op: Op, expected) -> None:
+    """The reference's cells that a prepare placed are unwritten in every layer until a
+    write of the step (`runner.unwritten`, per layer), before the op's step is the last."""
+    result, error = expected
+    if error is None and op.verb in ("step", "write"):
+        cells = set(runner.last[0].cells.tolist() if op.verb == "write" else
+                    result[0].cells.tolist())  # fmt: skip
+        for layer in [op.args[0]] if op.verb == "write" else range(runner.config.n_layers):
+            runner.unwritten[layer] -= cells
+    if op.verb == "prepare" and error is None:
+        placed = set(result.cells.tolist()) - {-1}
+        for cells in runner.unwritten:
+            cells |= placed
+
+
+def undefined(runner: Runner, op: Op, expected) -> dict | None:
+    """{layer: [width] bool}: the rows of an attending op that see a cell no step wrote
+    in that layer (its K/V undefined: a prepare without writes), or None."""
+    if expected[1] is not None or op.verb not in ("step", "attend"):
+        return None
+    step = expected[0][0] if op.verb == "step" else runner.last[0]
+    layers = range(runner.config.n_layers) if op.verb == "step" else [op.args[0]]
+    rows = {}
+    for layer in layers:
+        cells = sorted(c for c in runner.unwritten[layer] if c < step.read_len)
+        if cells:
+            rows[layer] = step.mask(runner.config.windows[layer])[:, cells].any(axis=1)
+    return rows or None
 
 
 def _invariants(cache) -> str | None:

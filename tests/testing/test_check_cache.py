@@ -37,9 +37,9 @@ DEVICE_HAZARDS = ("step-rules", "stale-step-reads", "verb-between-declare-and-pr
 
 
 def test_the_reference_holds_to_itself_and_reaches_every_refusal():
-    for compare in ("semantic", "table"):
-        coverage = check_cache(CellCache, compare=compare, report=True)
-        assert coverage.unexplained == []  # the kit foresaw every refusal and acceptance
+    for compare in ("semantic", "table"):  # numbakv's etiquette too (strict=True)
+        coverage = check_cache(CellCache, compare=compare, report=True, strict=compare == "table")
+        assert coverage.unexplained == [] and not coverage.etiquette  # all foreseen, all kept
         assert coverage.unreached == []
         assert set(coverage.hazards) == set(HAZARDS)
         assert coverage.longest == max(c.max_seq_len for c in DEFAULT_CONFIGS)
@@ -51,7 +51,7 @@ def test_the_device_cache_holds_to_the_reference_cell_for_cell():
     """On the simulator an op costs ~0.2 s: the step protocol's hazards on one config and a
     few workloads (tests/contract holds every verb of both caches to the contract)."""
     check_cache(numbakv.CellCache, compare="table", configs=[SMALL], hazards=DEVICE_HAZARDS,
-                max_examples=4, max_ops=8)  # fmt: skip
+                max_examples=4, max_ops=8, strict=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("broken", [RewindKeepsOne, PaddingNonzero])

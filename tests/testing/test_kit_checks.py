@@ -1,9 +1,10 @@
 """What `numbakv.testing` holds a cache to besides "the same as the reference", each shown by a
 planted bug caught with a short script: a refusal that changes the cache, a broken
 `check_invariants()`, K/V bytes off the reference's in an occupied cell, a step that stays
-valid or whose stale fields do not raise, attention that is not float32 or whose padding is
-not exactly 0, a mask that is not uint8, free_cells off; the hook, the prefix, the step
-op's attention mode (in scripts and op logs), and what `decode` draws."""
+valid (stale fields that answer are etiquette: test_kit_etiquette.py), attention that is
+not float32 or whose padding is not exactly 0, a mask that is not uint8, free_cells off;
+the hook, the prefix, the step op's attention mode (in scripts and op logs), and what
+`decode` draws."""
 
 import json
 from itertools import pairwise
@@ -57,22 +58,6 @@ class NeverStale(CellCache):
         return step
 
 
-class LaxStep:
-    """A step whose fields stay readable when it is stale."""
-
-    def __init__(self, step):
-        self.step = step
-        self.fields = {name: getattr(step, name) for name in ("positions", "seq_ids", "cells")}
-
-    def __getattr__(self, name):
-        return self.fields[name] if name in self.fields else getattr(self.step, name)
-
-
-class StaleFieldsReadable(CellCache):
-    def prepare_step(self, width=None):
-        return LaxStep(super().prepare_step(width))
-
-
 class Float64Attention(CellCache):
     def attend(self, layer, q, scale=None, mode="gathered"):
         return super().attend(layer, q, scale, mode).astype(np.float64)
@@ -112,8 +97,6 @@ class FreeOffByOne(CellCache):
         (PoolOff, TWO_STEPS, "table", r"pool_kv(0) K differs from the reference's in cells [0]"),
         (NeverStale, TWO_STEPS, "semantic",
          "after rewind, the cache's last step is still valid, the reference's is not"),
-        (StaleFieldsReadable, TWO_STEPS, "table",
-         "the cache's stale step gives step.positions without raising StepError"),
         (Float64Attention, TWO_STEPS, "semantic", "attend(0) returned float64, not float32"),
         (PaddingAlmostZero, [Op("seq_new"), Op("step", ((0,), 3, 1, 1))], "semantic",
          "attend(0) gave padding rows [1, ...) that are not 0"),
