@@ -22,7 +22,7 @@ from pathlib import Path
 
 from numbakv import _checkout, _deprecated
 
-__version__ = "0.13.0"
+__version__ = "0.14.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
