@@ -33,7 +33,7 @@ COMPILE_TIMEOUT = 1800  # seconds one compile subprocess may take
 
 WORKER = textwrap.dedent(
     """
-    import json, re, sys, time
+    import gc, json, re, sys, time
     from pathlib import Path
 
     from numba.cuda.compiler import _compile_pyfunc_with_fixup as lower
@@ -44,6 +44,10 @@ WORKER = textwrap.dedent(
     from benchmarks.kernel_cost.compile import threads_per_block
 
     assert MODE == "compile", MODE
+    # lowering makes millions of short-lived objects: collections that skip the imports'
+    # objects (freeze) and come less often take ~15 % off the compile, its output the same
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     patterns, shard, n_shards = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     warnings = []
     registry = load_all()

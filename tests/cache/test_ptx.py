@@ -89,7 +89,7 @@ KERNELS = {
 
 COMPILE_ALL = textwrap.dedent(
     """
-    import json, re, sys, time
+    import gc, json, re, sys, time
     from pathlib import Path
 
     from numba.cuda.compiler import _compile_pyfunc_with_fixup as lower
@@ -99,6 +99,10 @@ COMPILE_ALL = textwrap.dedent(
     import numbakv.device_model.kernels  # registers the device model's kernels
 
     assert MODE == "compile", MODE
+    # lowering makes millions of short-lived objects: collections that skip the imports'
+    # objects (freeze) and come less often take ~15 % off the compile, its output the same
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     ccs = [tuple(cc) for cc in json.loads(sys.argv[1])]
     shard, n_shards = int(sys.argv[2]), int(sys.argv[3])  # this process: every n-th kernel
     result = {}
