@@ -3,40 +3,32 @@ step buffers on the device, and numba.cuda kernels for placement, the table mirr
 and attention.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
-from numbakv import tensors
-from numbakv.cache import inputs
+from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import cuda
-from numbakv.cache.graph import Capture, not_while_capturing
-from numbakv.cache.inspection import Inspection
-from numbakv.cache.kernels import attention, masks, placement, seq_cells, storage, verbs
-from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
+from numbakv.cache.graph import Captures, StepGraph, not_while_capturing
+from numbakv.cache.inspection import Inspector
+from numbakv.cache.kernels import attention, seq_cells, verbs
 from numbakv.cache.lending import Lender
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
-from numbakv.cache.saving import Saving
+from numbakv.cache.saving import Saver
 from numbakv.cache.step import Step
+from numbakv.cache.stepping import Progress, Stepper
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.checks import (
-    as_int,
-    check_declaration,
-    check_layer,
-    check_mode,
-    check_query,
-    check_scale,
-    check_shape,
-    check_width,
-)
 from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, ConfigError, StepError
-from numbakv.observe import Observable, locked
+from numbakv.errors import AllocationError, ConfigError
+from numbakv.observe import Observable, check_cells, locked
 from numbakv.snapshot import Snapshot
+from numbakv.state import SeqState
 
 
-class CellCache(Observable, Inspection, Capture, Saving):
+class CellCache(Observable):
     """Several sequences sharing one pool of per-token cells, K/V on the device.
 
     The same API, placement and errors as `numbakv.reference.CellCache`, which is written
@@ -51,6 +43,10 @@ class CellCache(Observable, Inspection, Capture, Saving):
     On the device a step is one upload and one launch to prepare, then per layer one
     scatter and one or two attention launches, all on the step's stream (`prepare_step`);
     with device inputs and `out=` nothing in a step allocates, copies or synchronizes.
+
+    It owns the table, pool, buffers, streams, plans and lender, and collaborators given what
+    each reads: the `Stepper` (step calls), the `Inspector` (bindings, host copies),
+    `Captures` and the `Saver` (seq_save, seq_load); its methods lock, refuse and notify.
     """
 
     def __init__(self, config: CacheConfig, allocator: Allocator = device_allocator):
@@ -77,10 +73,13 @@ class CellCache(Observable, Inspection, Capture, Saving):
         self._pool = DevicePool(config, allocator)
         self._plans = Plans(config, self._pool.kinds)
         self._lender = Lender(config.max_width)  # attend's default out, host inputs' uploads
-        self._declared: np.ndarray | None = None
-        self._step: Step | None = None
-        self._written: set[int] = set()  # layers written in this step
-        self._masked = False  # whether this step has written its masks
+        table, pool, buffers, streams = self._table, self._pool, self._buffers, self._streams
+        self._inspector = Inspector(config, table, pool, buffers, self._plans, streams)
+        progress = Progress()
+        self._captures = Captures(progress, self._inspector.bindings, self._lock)
+        self._stepper = Stepper(config, table, pool, self._plans, buffers, streams, self._lender,
+                                progress, self._captures.active, self._lock)  # fmt: skip
+        self._saver = Saver(config, table, pool, buffers, streams)
 
     # -- table verbs: the host table decides, a kernel updates the mirror ------
 
@@ -142,8 +141,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
     @not_while_capturing
     def declare_step(self, seq_ids) -> None:
         """Records the next step's tokens: one live sequence id per token, in order."""
-        self._declared = check_declaration(self._table, self.config, seq_ids)
-        self._expire_step()
+        self._stepper.declare(seq_ids)
         self._notify("declare_step")
 
     @locked
@@ -166,38 +164,8 @@ class CellCache(Observable, Inspection, Capture, Saving):
         seq_cells. Masks are written later, once, by the first masked `attend` or
         `Step.mask` of the step. A refused call keeps the declaration.
         """
-        if self._declared is None:
-            raise StepError(
-                "prepare_step() with nothing declared; call declare_step(seq_ids) first"
-            )
-        seq_ids = self._declared  # checked by declare_step; any verb since dropped it
-        n = len(seq_ids)
-        width = check_width(width, n, self.config.max_width)
-        previous = self._streams.current
-        stream = self._streams.use(stream)
-        table = self._table
-        read_len = table.read_len
-        try:
-            self._pool.grow_to(min(self.config.capacity, read_len + n), read_len, stream)
-        except AllocationError:
-            self._streams.use(previous)
-            raise
-        b = self._buffers
-        staged = b.stage()
-        table.place(seq_ids, staged)  # its rows 0, 1, 2 of [0, n): CELLS, POSITIONS, SEQ_IDS
-        if width > n:
-            staged[:SCALARS, n:width] = -1
-        read_len = table.read_len
-        staged[SCALARS, WIDTH] = width
-        staged[SCALARS, READ_LEN] = read_len
-        b.upload(stream)
-        placement.launch_prepare_tokens(
-            b.step, width, b.cell_pos, b.cell_owners, b.seq_cells, b.seq_len, stream
-        )
-        self._declared = None
-        self._expire_step()
-        self._step = Step(staged, width, n, read_len, b, stream, self._read_mask)
-        return self._notify("prepare_step", self._step, self._step)
+        step = self._stepper.prepare(width, stream)
+        return self._notify("prepare_step", step, step)
 
     @locked
     @not_while_capturing
@@ -206,34 +174,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
         n_kv_heads) allocates once: the decode kernels' split workspace, on the stream in
         use. Otherwise the first decode-shaped `attend` with them makes it; reserve first
         when no step may allocate (a step to be captured)."""
-        n_heads = as_int("n_heads", n_heads, StepError)
-        if n_heads < 1 or n_heads % self.config.n_kv_heads:
-            raise StepError(
-                f"n_heads={n_heads} is not a positive multiple of "
-                f"n_kv_heads={self.config.n_kv_heads}"
-            )
-        self._plans.workspace(n_heads, self._streams.current)
-
-    @locked
-    @not_while_capturing
-    def _read_mask(self, window: int) -> np.ndarray:
-        """The current step's [width, read_len] mask of `window`, a host copy (the masks are
-        written first if the step has not yet)."""
-        self._write_masks()
-        step = self._current_step()
-        (mask,) = self._to_host(self._buffers.masks[window][: step.width])
-        return mask[:, : step.read_len]
-
-    @locked
-    def _write_masks(self) -> None:
-        """Writes every window's mask for the current step (one launch) unless it did."""
-        if not self._masked:
-            b, step = self._buffers, self._current_step()
-            masks.launch_write_masks(
-                b.mask_stack, b.windows, b.cell_pos, b.cell_owners, b.step, step.width,
-                step.stream,
-            )  # fmt: skip
-            self._masked = True
+        self._stepper.reserve(n_heads)
 
     # -- K/V -------------------------------------------------------------------
 
@@ -251,21 +192,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
                layer's formats (docs/contract.md §4.1). Both are checked before either is
                written. Padded rows are skipped.
         """
-        step = self._current_step()
-        layer = check_layer(layer, self.config.n_layers)
-        shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        k, v = (inputs.floats(name, x, inputs.KV_DTYPES) for name, x in (("k", k), ("v", v)))
-        check_shape("k", k.shape, shape)
-        check_shape("v", v.shape, shape)
-        k, v = inputs.on_device(
-            [k, v], inputs.KV_DTYPES, step.stream, self._lender, self._in_capture()
-        )
-        pool = self._pool
-        placement.launch_scatter_kv(
-            k, v, pool.k[layer], pool.v[layer], self._buffers.step, step.width, step.stream,
-            kinds=pool.kinds[layer], kv_scales=pool.scales[layer],
-        )  # fmt: skip
-        self._written.add(layer)
+        self._stepper.write(layer, k, v)
 
     @locked
     def attend(self, layer: int, q, scale: float | None = None, mode: str = "gathered", *,
@@ -297,62 +224,54 @@ class CellCache(Observable, Inspection, Capture, Saving):
         the reference gives. Requires `write(layer, ...)` in this step. The launches are
         planned once per step shape (`Plans`) and read the step from the device.
         """
-        step = self._current_step()
-        layer = check_layer(layer, self.config.n_layers)
-        check_mode(mode)
-        if layer not in self._written:
-            raise StepError(
-                f"attend({layer}) before write({layer}) in this step; write the step's K/V first"
-            )
-        caller, given = q, out
-        q = inputs.floats("q", q, inputs.Q_DTYPES)
-        n_heads = check_query(q.shape, step.width, self.config)
-        scale = check_scale(scale, self.config.head_dim)
-        capturing = self._in_capture()
-        if out is None and tensors.is_cuda_tensor(caller) and not capturing:
-            given = out = caller.new_empty(tuple(caller.shape))  # q's dtype, q's device
-        out = inputs.output(out, q.shape, step.stream, self._lender, capturing)
-        (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, self._lender, capturing)
-        window = self.config.windows[layer]
-        io = (storage.io_kind(q.dtype), storage.io_kind(out.dtype))
-        pool = self._pool
-        k_pool, v_pool = pool.k[layer], pool.v[layer]
-        is_wide = attention.pools_are_wide(self._plans.kinds[layer], self.config.head_dim,
-                                           k_pool, v_pool)  # fmt: skip
-        plan = self._plans.plan(mode, step.width, n_heads, layer, io, is_wide)
-        b = self._buffers
-        if mode == "masked":
-            self._write_masks()
-            view = (b.masks[window],)
-        else:
-            view = (b.seq_cells, np.int32(window))
-        workspace = None
-        if plan.is_decode:
-            workspace = self._plans.workspace(n_heads, step.stream, capturing)
-        attention.run_attention(
-            plan, q, k_pool, v_pool, pool.scales[layer], b.step, view,
-            np.float32(scale), out, workspace, step.stream,
-        )  # fmt: skip
-        return inputs.returned(caller, given, out, step.stream)
+        return self._stepper.attend(layer, q, scale, mode, out)
 
-    def _current_step(self) -> Step:
-        if self._step is None:
-            raise StepError("no prepared step; call declare_step() and prepare_step() first")
-        return self._step
+    @locked
+    def capture(self, fn: Callable[[], object], *, backend: str = "auto") -> StepGraph:
+        """Runs `fn()`, the caller's work on the prepared step (its `write`/`attend` calls
+        and kernels launched through numbakv's launcher), and returns it as a `StepGraph`
+        bound to the step's width and to `bindings()`. The step's outputs are written as
+        by an eager run.
+
+        Inside `fn` nothing may allocate or copy: give `write` and `attend` device arrays
+        and `attend` an `out=` (StepError otherwise), and `reserve(n_heads)` before the
+        first capture of a decode step. Capture a step before any `write` of it, after an
+        eager step of the same shape (on a GPU every kernel is then compiled and loaded
+        outside the graph). The arrays `fn` passes are bound into the graph: feed a later
+        step through the same arrays, then `replay()`.
+
+        backend : "auto" (a CUDA graph on a GPU, recorded launches on the simulator),
+                  "record" or "graph"
+        """
+        return self._captures.capture(fn, backend)
+
+    # -- saved sequences (docs/contract.md §13) --------------------------------
+
+    @locked
+    @not_while_capturing
+    def seq_save(self, seq: int, start: int = 0) -> SeqState:
+        """`seq`'s positions start .. pos(seq)-1 and their K/V in every layer, as stored:
+        one gather launch per layer, one copy to the host (the cache's stream, then a
+        synchronization: the state is host memory)."""
+        return self._saver.save(seq, start)
+
+    @locked
+    @not_while_capturing
+    def seq_load(self, state: SeqState, onto: int | None = None, convert: bool = False) -> int:
+        """A new sequence holding `state`'s positions and K/V: empty, or for a state saved
+        from `start` > 0, a clone of `onto`'s first `start` positions. Placed as a step's
+        tokens are (the lowest free cells; the pool grows first); entries copied as stored,
+        or re-stored in this cache's formats for the layers `convert=True` lets differ
+        (float states only). One copy to the device, one mirror launch, one scatter per
+        layer. Refused with nothing changed: another geometry (ConfigError), too few cells
+        or ids (CapacityError, AllocationError), a bad `onto` (SequenceError)."""
+        return self._table_changed("seq_load", self._saver.load(state, onto, convert))
 
     def _table_changed(self, event: str, result=None):
         """After a verb that changed the table: the step expires, a pending declaration is
         dropped (it was checked against the old table), the observers hear of it."""
-        self._declared = None
-        self._expire_step()
+        self._stepper.forget()
         return self._notify(event, result=result)
-
-    def _expire_step(self) -> None:
-        if self._step is not None:
-            self._step.expire()
-        self._step = None
-        self._written = set()
-        self._masked = False
 
     # -- state -----------------------------------------------------------------
 
@@ -376,10 +295,99 @@ class CellCache(Observable, Inspection, Capture, Saving):
         """The numba stream in use: the last step's, or the cache's own before any step."""
         return self._streams.current
 
+    @property
+    @locked
+    def used_cells(self) -> int:
+        return self._table.used_cells
+
+    @property
+    @locked
+    def free_cells(self) -> int:
+        return self._table.free_cells
+
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    @locked
+    def cells_state(self, cells) -> tuple[np.ndarray, np.ndarray]:
+        """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
+        capacity); ConfigError otherwise) in the host table, copies (the device is not read):
+        what a `Recorder` reads of the cells a verb touched (`touched_cells`)."""
+        return self._table.cells_state(check_cells(cells, self.config.capacity))
+
+    @property
+    @locked
+    def live_seqs(self) -> list[int]:
+        """The live sequence ids, ascending."""
+        return np.flatnonzero(self._table.live).tolist()
+
+    @property
+    def rows(self) -> int:
+        """Cells the pool has allocated (0 before the first step)."""
+        return self._pool.rows
+
+    @property
+    def growth_count(self) -> int:
+        """Times the pool grew after its first allocation."""
+        return self._pool.growth_count
+
+    @property
+    def generation(self) -> int:
+        """Changes exactly when storage moves: the first allocation and every growth."""
+        return self._pool.generation
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K and V storage over all layers."""
+        return self._pool.allocated_bytes
+
     @locked
     def snapshot(self) -> Snapshot:
         """A host copy of the cell table, cells [0, read_len)."""
-        return self._table.snapshot(self._pool.rows)
+        return self._inspector.snapshot()
+
+    # -- bindings and host copies (`inspection`) ---------------------------------
+
+    @locked
+    def bindings(self) -> Bindings:
+        """What a recorded launch or captured step depends on: the pool's generation and the
+        device addresses of the K/V arrays, the fixed buffers and the decode workspaces
+        (docs/contract.md §4)."""
+        return self._inspector.bindings()
+
+    @locked
+    def check_bindings(self, bindings: Bindings) -> None:
+        """Raises BindingError naming what moved since `bindings` were taken (the pool grew:
+        re-record the step), or when they are another cache's; else returns None."""
+        check_bindings(bindings, self.bindings())
+
+    @locked
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless the host table keeps docs/contract.md §2's
+        invariants and the device mirror (cell_pos, cell_owners, each live sequence's
+        seq_cells row) equals it. Copies capacity-sized arrays back: for tests and
+        debugging."""
+        self._inspector.check_invariants()
+
+    @locked
+    def mirror(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
+        [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
+        return self._inspector.mirror()
+
+    @locked
+    def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
+        (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
+        return self._inspector.seq_table()
+
+    @locked
+    def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of `layer`'s K and V as stored: [rows, n_kv_heads, row_width] in the
+        layer's formats (docs/contract.md §4.1: uint16 bfloat16 patterns, uint8 blocks or
+        bytes); `pool_values` gives what attention reads."""
+        return self._inspector.pool_kv(layer)
 
 
 def _to_device(array: np.ndarray, stream):

@@ -18,6 +18,8 @@ which is then launched once so that the captured step's outputs exist as after a
 
 import functools
 from collections.abc import Callable
+from threading import RLock
+from typing import TYPE_CHECKING
 
 from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import IS_SIMULATOR, begin_graph, launch_graph, stream_handle
@@ -25,22 +27,25 @@ from numbakv.cache.kernels.launch import is_recording, launch, recording
 from numbakv.errors import StepError
 from numbakv.observe import locked
 
+if TYPE_CHECKING:  # stepping, which keeps the Progress, imports this module
+    from numbakv.cache.stepping import Progress
+
 BACKENDS = ("auto", "record", "graph")
 
 
 def not_while_capturing(method: Callable) -> Callable:
-    """Refuses `method` (a verb, a step call, a host copy, an allocation) inside any capture
-    in this thread, before it acts: in a CUDA graph its device work would be captured, not
-    run, while the host table changed."""
+    """Refuses `method` (a verb, a step call, a host copy, an allocation: a method or a
+    function) inside any capture in this thread, before it acts: in a CUDA graph its device
+    work would be captured, not run, while the host table changed."""
 
     @functools.wraps(method)
-    def refusing(self, *args, **kwargs):
+    def refusing(*args, **kwargs):
         if is_recording():
             raise StepError(
                 f"{method.__name__.lstrip('_')}() inside capture(fn): fn may only write, attend "
                 "and launch kernels; do the rest before or after the capture"
             )
-        return method(self, *args, **kwargs)
+        return method(*args, **kwargs)
 
     return refusing
 
@@ -106,8 +111,9 @@ class StepGraph:
     layers     : the layers whose K/V it writes
     """
 
-    def __init__(self, cache, keeper, width: int, bindings: Bindings, layers, masks: bool):
-        self._cache, self._keeper = cache, keeper
+    def __init__(self, captures: "Captures", keeper, width: int, bindings: Bindings, layers,
+                 masks: bool):  # fmt: skip
+        self._captures, self._keeper = captures, keeper
         self.width, self.bindings = width, bindings
         self.layers, self.writes_masks = frozenset(layers), masks
 
@@ -128,38 +134,32 @@ class StepGraph:
         """Runs the captured work for the step prepared now, on its stream. StepError when
         no step is prepared (or a verb made it stale) or its width differs; BindingError
         when the pool's storage moved since the capture (recapture after a growth)."""
-        self._cache._replay(self)
+        self._captures.replay(self)
 
     def __repr__(self) -> str:
         return f"StepGraph(width={self.width}, {self.n_launches} {self.kind})"
 
 
-class Capture:
-    """`capture` and `replay` of the device cache (a part of `CellCache`)."""
+class Captures:
+    """The device cache's captured steps (`CellCache.capture`, `StepGraph.replay`).
 
-    _capturing = False
+    Owns whether the cache is capturing now. Reads the prepared step's `progress` (a fresh
+    step to capture; replay marks what the graph wrote as done), the cache's `bindings`
+    (taken at capture, checked at replay), and holds the cache's `lock` while a
+    `StepGraph` replays.
+    """
 
-    @locked
-    def capture(self, fn: Callable[[], object], *, backend: str = "auto") -> StepGraph:
-        """Runs `fn()`, the caller's work on the prepared step (its `write`/`attend` calls
-        and kernels launched through numbakv's launcher), and returns it as a `StepGraph`
-        bound to the step's width and to `bindings()`. The step's outputs are written as
-        by an eager run.
+    def __init__(self, progress: "Progress", bindings: Callable[[], Bindings], lock: RLock):
+        self._progress, self._bindings, self._lock = progress, bindings, lock
+        self._capturing = False
 
-        Inside `fn` nothing may allocate or copy: give `write` and `attend` device arrays
-        and `attend` an `out=` (StepError otherwise), and `reserve(n_heads)` before the
-        first capture of a decode step. Capture a step before any `write` of it, after an
-        eager step of the same shape (on a GPU every kernel is then compiled and loaded
-        outside the graph). The arrays `fn` passes are bound into the graph: feed a later
-        step through the same arrays, then `replay()`.
-
-        backend : "auto" (a CUDA graph on a GPU, recorded launches on the simulator),
-                  "record" or "graph"
-        """
-        step = self._current_step()
+    def capture(self, fn: Callable[[], object], backend: str) -> StepGraph:
+        """`CellCache.capture(fn, backend=backend)`, under the cache's lock."""
+        progress = self._progress
+        step = progress.current()
         if backend not in BACKENDS or (backend == "graph" and IS_SIMULATOR):
             raise StepError(f"backend={backend!r}: give one of {BACKENDS} ('graph' needs a GPU)")
-        if self._written or self._masked or is_recording():
+        if progress.written or progress.masked or is_recording():
             raise StepError(
                 "capture() takes a fresh step: call it right after prepare_step(), before any "
                 "write, attend or mask of the step, and not inside another capture"
@@ -169,7 +169,7 @@ class Capture:
                 "a CUDA graph cannot capture a default stream; prepare the step on the "
                 "cache's own stream or a stream of your own"
             )
-        bindings = self.bindings()
+        bindings = self._bindings()
         keeper = Recorded() if IS_SIMULATOR or backend == "record" else CudaGraph(step.stream)
         self._capturing = True
         try:
@@ -178,14 +178,14 @@ class Capture:
         except BaseException:
             keeper.abandon()
             if not keeper.runs_eagerly:  # nothing of the step ran: it is fresh again
-                self._written, self._masked = set(), False
+                progress.written, progress.masked = set(), False
             raise
         finally:
             self._capturing = False
         keeper.finish(step.stream)
-        return StepGraph(self, keeper, step.width, bindings, self._written, self._masked)
+        return StepGraph(self, keeper, step.width, bindings, progress.written, progress.masked)
 
-    def _in_capture(self) -> bool:
+    def active(self) -> bool:
         """Whether this cache is capturing now; StepError when another cache's capture is
         taking this thread's launches (its graph would hold this cache's work)."""
         if is_recording() and not self._capturing:
@@ -197,14 +197,16 @@ class Capture:
 
     @locked
     @not_while_capturing
-    def _replay(self, graph: StepGraph) -> None:
-        step = self._current_step()
+    def replay(self, graph: StepGraph) -> None:
+        """Runs `graph` for the step prepared now (`StepGraph.replay`)."""
+        progress = self._progress
+        step = progress.current()
         if step.width != graph.width:
             raise StepError(
                 f"the prepared step has width {step.width}; this graph was captured at width "
                 f"{graph.width}: prepare_step(width={graph.width}) or capture again"
             )
-        check_bindings(graph.bindings, self.bindings())
+        check_bindings(graph.bindings, self._bindings())
         graph._keeper.replay(step.stream)
-        self._written |= graph.layers
-        self._masked = self._masked or graph.writes_masks
+        progress.written |= graph.layers
+        progress.masked = progress.masked or graph.writes_masks

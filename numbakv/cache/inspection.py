@@ -4,69 +4,42 @@ waits for the stream in use)."""
 
 import numpy as np
 
-from numbakv.cache.bindings import Bindings, check_bindings
+from numbakv.cache.bindings import Bindings
+from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
+from numbakv.cache.plans import Plans
+from numbakv.cache.pool import DevicePool
+from numbakv.cache.streams import Streams
+from numbakv.cache.table import HostTable
 from numbakv.checks import check_layer
-from numbakv.observe import check_cells, locked
+from numbakv.config import CacheConfig
+from numbakv.snapshot import Snapshot
 
 
-class Inspection:
-    """The device cache's state queries, bindings and debugging copies (a part of
-    `CellCache`)."""
+@not_while_capturing
+def to_host(stream, *arrays) -> tuple[np.ndarray, ...]:
+    """Host copies of device `arrays`, copied on `stream`, then waited for."""
+    copies = tuple(array.copy_to_host(stream=stream) for array in arrays)
+    stream.synchronize()
+    return copies
 
-    @property
-    @locked
-    def used_cells(self) -> int:
-        return self._table.used_cells
 
-    @property
-    @locked
-    def free_cells(self) -> int:
-        return self._table.free_cells
+class Inspector:
+    """The device cache's bindings and its host copies of the table, the mirror and the
+    pool (`CellCache.bindings`, `snapshot`, `mirror`, `seq_table`, `pool_kv`,
+    `check_invariants`). Owns nothing; reads the config, the host table, the pool, the
+    fixed buffers, the plans' decode workspaces, and the stream in use (which it copies on).
+    The cache holds its lock around every call."""
 
-    @property
-    def capacity(self) -> int:
-        return self.config.capacity
+    def __init__(self, config: CacheConfig, table: HostTable, pool: DevicePool,
+                 buffers: StepBuffers, plans: Plans, streams: Streams):  # fmt: skip
+        self._config, self._table, self._pool = config, table, pool
+        self._buffers, self._plans, self._streams = buffers, plans, streams
 
-    @locked
-    def cells_state(self, cells) -> tuple[np.ndarray, np.ndarray]:
-        """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
-        capacity); ConfigError otherwise) in the host table, copies (the device is not read):
-        what a `Recorder` reads of the cells a verb touched (`touched_cells`)."""
-        return self._table.cells_state(check_cells(cells, self.config.capacity))
-
-    @property
-    @locked
-    def live_seqs(self) -> list[int]:
-        """The live sequence ids, ascending."""
-        return np.flatnonzero(self._table.live).tolist()
-
-    @property
-    def rows(self) -> int:
-        """Cells the pool has allocated (0 before the first step)."""
-        return self._pool.rows
-
-    @property
-    def growth_count(self) -> int:
-        """Times the pool grew after its first allocation."""
-        return self._pool.growth_count
-
-    @property
-    def generation(self) -> int:
-        """Changes exactly when storage moves: the first allocation and every growth."""
-        return self._pool.generation
-
-    @property
-    def allocated_bytes(self) -> int:
-        """Bytes of K and V storage over all layers."""
-        return self._pool.allocated_bytes
-
-    @locked
     def bindings(self) -> Bindings:
-        """What a recorded launch or captured step depends on: the pool's generation and the
-        device addresses of the K/V arrays, the fixed buffers and the decode workspaces
-        (docs/contract.md §4)."""
+        """The pool's generation and rows and the device addresses of the K/V arrays, the
+        fixed buffers and the decode workspaces."""
         pool = self._pool
         arrays = [a for pair in zip(pool.k, pool.v, strict=True) for a in pair]
         return Bindings(
@@ -79,26 +52,17 @@ class Inspection:
             ),
         )
 
-    @locked
-    def check_bindings(self, bindings: Bindings) -> None:
-        """Raises BindingError naming what moved since `bindings` were taken (the pool grew:
-        re-record the step), or when they are another cache's; else returns None."""
-        check_bindings(bindings, self.bindings())
+    def to_host(self, *arrays) -> tuple[np.ndarray, ...]:
+        """Host copies of device `arrays`, on the stream in use (`to_host`)."""
+        return to_host(self._streams.current, *arrays)
 
-    @not_while_capturing
-    def _to_host(self, *arrays) -> tuple[np.ndarray, ...]:
-        """Host copies of device `arrays`, copied on the stream in use, then waited for."""
-        stream = self._streams.current
-        copies = tuple(array.copy_to_host(stream=stream) for array in arrays)
-        stream.synchronize()
-        return copies
+    def snapshot(self) -> Snapshot:
+        """A host copy of the cell table, cells [0, read_len)."""
+        return self._table.snapshot(self._pool.rows)
 
-    @locked
     def check_invariants(self) -> None:
-        """Raises AssertionError unless the host table keeps docs/contract.md §2's
-        invariants and the device mirror (cell_pos, cell_owners, each live sequence's
-        seq_cells row) equals it. Copies capacity-sized arrays back: for tests and
-        debugging."""
+        """AssertionError unless the host table keeps its invariants and the device mirror
+        equals it."""
         self._table.check_invariants()
         snap = self.snapshot()
         cell_pos, cell_owners = self.mirror()
@@ -111,33 +75,26 @@ class Inspection:
         )
         if not mirrored:
             raise AssertionError("device mirror invariant broken: cell_pos/cell_owners differ")
-        for seq in range(self.config.max_seqs):
+        for seq in range(self._config.max_seqs):
             cells = self._table.cells_of(seq)
             if lengths[seq] != len(cells) or not np.array_equal(rows[seq, : len(cells)], cells):
                 raise AssertionError(f"device mirror invariant broken: seq_cells of {seq}")
 
-    @locked
     def mirror(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the device mirror: cell_pos [capacity] int32, cell_owners
-        [capacity, n_owner_words] uint64. Copies capacity-sized arrays: for tests and debugging."""
-        return self._to_host(self._buffers.cell_pos, self._buffers.cell_owners)
+        """Host copies of cell_pos and cell_owners."""
+        return self.to_host(self._buffers.cell_pos, self._buffers.cell_owners)
 
-    @locked
     def seq_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of the position -> cell table: seq_cells [max_seqs, max_seq_len] int32
-        (entries past a length are stale) and seq_len [max_seqs] int32. For tests."""
-        return self._to_host(self._buffers.seq_cells, self._buffers.seq_len)
+        """Host copies of seq_cells and seq_len."""
+        return self.to_host(self._buffers.seq_cells, self._buffers.seq_len)
 
-    @locked
     def pool_kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `layer`'s K and V as stored: [rows, n_kv_heads, row_width] in the
-        layer's formats (docs/contract.md §4.1: uint16 bfloat16 patterns, uint8 blocks or
-        bytes); `pool_values` gives what attention reads."""
-        layer = check_layer(layer, self.config.n_layers)
+        """Host copies of `layer`'s K and V as stored (empty before the first step)."""
+        layer = check_layer(layer, self._config.n_layers)
         if self._pool.rows == 0:
-            cfg = self.config
+            cfg = self._config
             return tuple(
                 np.zeros(cfg.pool_shape(layer, which, 0), cfg.pool_dtype(layer, which))
                 for which in (0, 1)
             )
-        return self._to_host(self._pool.k[layer], self._pool.v[layer])
+        return self.to_host(self._pool.k[layer], self._pool.v[layer])

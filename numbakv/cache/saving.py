@@ -1,4 +1,4 @@
-"""`Saving`: `seq_save` and `seq_load` of the device cache (docs/contract.md §13).
+"""`Saver`: `seq_save` and `seq_load` of the device cache (docs/contract.md §13).
 
 Saving a sequence is one gather launch per layer into one staging buffer and one copy to the
 host; loading is one copy to the device, one launch that writes the sequence's cells into
@@ -15,36 +15,43 @@ buffer holds, in sections each aligned to ALIGN bytes:
 
 import numpy as np
 
+from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import cuda
-from numbakv.cache.graph import not_while_capturing
 from numbakv.cache.kernels import placement, rows
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, WIDTH, columns
-from numbakv.cache.pool import ALLOCATION_ERRORS
+from numbakv.cache.pool import ALLOCATION_ERRORS, DevicePool
+from numbakv.cache.streams import Streams
+from numbakv.cache.table import HostTable
+from numbakv.config import CacheConfig
 from numbakv.errors import AllocationError
 from numbakv.formats import ARRAY_DTYPES, FLOATS
-from numbakv.observe import locked
 from numbakv.state import Geometry, SeqState
 from numbakv.state.seq_state import check_onto, check_room, check_start, load_plan
 
 ALIGN = 16  # bytes: every section starts on a word of any dtype the kernels read
 
 
-class Saving:
-    """The saved-sequence verbs of `CellCache` (a mixin: it reads the cache's table, pool,
-    buffers and streams)."""
+class Saver:
+    """Saves a sequence of the device cache to a `SeqState` and loads one as a new sequence
+    (`CellCache.seq_save`, `seq_load`). Owns nothing between calls (each stages through a
+    buffer of its own); reads the config, the host table (a load places the state's tokens
+    in it), the pool (a load grows it), the fixed buffers (the table mirror and seq_cells)
+    and the stream in use. The cache holds its lock around every call, refuses them inside
+    a capture, and after a load expires its step and tells its observers."""
 
-    @locked
-    @not_while_capturing
-    def seq_save(self, seq: int, start: int = 0) -> SeqState:
-        """`seq`'s positions start .. pos(seq)-1 and their K/V in every layer, as stored:
-        one gather launch per layer, one copy to the host (the cache's stream, then a
-        synchronization: the state is host memory)."""
-        table = self._table
+    def __init__(self, config: CacheConfig, table: HostTable, pool: DevicePool,
+                 buffers: StepBuffers, streams: Streams):  # fmt: skip
+        self._config, self._table, self._pool = config, table, pool
+        self._buffers, self._streams = buffers, streams
+
+    def save(self, seq: int, start: int = 0) -> SeqState:
+        """`seq`'s positions start .. pos(seq)-1 and their K/V in every layer, as stored."""
+        config, table = self._config, self._table
         seq = table.check_live(seq)
         length = table.length(seq)
         start = check_start(start, length, seq)
         n = length - start
-        layout = Layout(self.config, n, (False,) * self.config.n_layers)
+        layout = Layout(config, n, (False,) * config.n_layers)
         stream = self._streams.current
         try:
             host = np.empty(layout.n_bytes, np.uint8)
@@ -56,7 +63,7 @@ class Saving:
         if n:
             cells = self._buffers.seq_cells[seq, start:length]
             pool = self._pool
-            for layer in range(self.config.n_layers):
+            for layer in range(config.n_layers):
                 word = layout.words[layer]
                 k_rows, v_rows = layout.device_rows(staging, layer)
                 rows.launch_gather_rows(
@@ -65,31 +72,24 @@ class Saving:
                 )  # fmt: skip
             staging.copy_to_host(host, stream=stream)
             stream.synchronize()
-        entries = [layout.host_entries(host, layer) for layer in range(self.config.n_layers)]
+        entries = [layout.host_entries(host, layer) for layer in range(config.n_layers)]
         k, v = tuple(e[0] for e in entries), tuple(e[1] for e in entries)
         positions = np.arange(start, length, dtype=np.int32)
-        return SeqState(Geometry.of(self.config), positions, k, v, start)
+        return SeqState(Geometry.of(config), positions, k, v, start)
 
-    @locked
-    @not_while_capturing
-    def seq_load(self, state: SeqState, onto: int | None = None, convert: bool = False) -> int:
-        """A new sequence holding `state`'s positions and K/V: empty, or for a state saved
-        from `start` > 0, a clone of `onto`'s first `start` positions. Placed as a step's
-        tokens are (the lowest free cells; the pool grows first); entries copied as stored,
-        or re-stored in this cache's formats for the layers `convert=True` lets differ
-        (float states only). One copy to the device, one mirror launch, one scatter per
-        layer. Refused with nothing changed: another geometry (ConfigError), too few cells
-        or ids (CapacityError, AllocationError), a bad `onto` (SequenceError)."""
-        convert = load_plan(state, self.config, convert)
-        table = self._table
+    def load(self, state: SeqState, onto: int | None = None, convert: bool = False) -> int:
+        """The id of a new sequence holding `state`'s positions and K/V (on `onto`'s first
+        state.start positions); refused with nothing changed."""
+        config, table = self._config, self._table
+        convert = load_plan(state, config, convert)
         onto = None if onto is None else table.check_live(onto)
         check_onto(onto, 0 if onto is None else table.length(onto), state.start)
-        check_room(state, self.config, table.free_cells, table.live)
+        check_room(state, config, table.free_cells, table.live)
         start, n = state.start, state.n_tokens
         cells = table.find_cells(n)
         prefix = np.zeros(0, np.int32) if onto is None else table.cells_of(onto)[:start]
         seq = table.next_id()
-        layout = Layout(self.config, n, convert, start + n)
+        layout = Layout(config, n, convert, start + n)
         host = layout.staged(state, seq, np.concatenate([prefix, cells]))
         stream = self._streams.current
         if layout.width:
@@ -100,7 +100,7 @@ class Saving:
                     f"could not allocate {layout.n_bytes} bytes on the device to stage the state"
                 ) from error
         read_len = table.read_len
-        self._pool.grow_to(min(self.config.capacity, read_len + n), read_len, stream)
+        self._pool.grow_to(min(config.capacity, read_len + n), read_len, stream)
         if onto is None:
             table.seq_new()
         else:
@@ -114,7 +114,7 @@ class Saving:
             )
             if n:
                 self._store(layout, staging, cells, loaded, stream)
-        return self._table_changed("seq_load", seq)
+        return seq
 
     def _store(self, layout: "Layout", staging, cells, loaded, stream) -> None:
         """Each layer's staged entries into pool rows `cells` ([n] int32 device array);

@@ -18,18 +18,20 @@ another engine (`saved`). docs/contract.md §9 says how requests run, §9.1 ever
 refusal and thread rule, §9.2 prefix reuse and scheduling by memory, §13 saved sequences.
 """
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
-from numbakv.checks import as_int, int_at_least
+from numbakv.checks import int_at_least
 from numbakv.errors import ConfigError
 from numbakv.observe import locked
 from numbakv.serve.admission import Admission
 from numbakv.serve.events import Annotate, Notes, call_back, check_annotate, check_not_in_callbacks
-from numbakv.serve.executor import Input, Output
+from numbakv.serve.executor import Output
 from numbakv.serve.faults import Observed, StepFaults, completes
+from numbakv.serve.ledger import Requests, next_input
 from numbakv.serve.memory import Sessions
 from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.protocol import SessionExecutor
@@ -48,9 +50,10 @@ from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.saved import SavedConversations
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 from numbakv.serve.tokenizer import BYTE_TOKENIZER, Tokenizer
+from numbakv.state import SeqState
 
 
-class Engine(SavedConversations):
+class Engine:
     """Serves generation requests with continuous batching.
 
     executor  : a `SessionExecutor` (an `Executor`, a `Lockstep`) to run batches on
@@ -106,11 +109,13 @@ class Engine(SavedConversations):
         self.n_steps = 0
         self._lock = threading.RLock()
         self._in_callbacks = False  # True while a step calls on_token callbacks
-        self._requests: dict[int, Request] = {}
+        self._requests = Requests()  # every request by id
         self._waiting: deque[Request] = deque()
         self._running: dict[int, tuple[Request, Sample]] = {}  # session -> its sample
         args = (self._running, self._waiting, self._notes, self.watermark)
         self._admission = Admission(self._sessions, scheduler, *args)
+        parts = (self._sessions, self._admission, self._requests)
+        self._saved = SavedConversations(executor, self._executor, *parts)
 
     # -- requests --------------------------------------------------------------
 
@@ -140,8 +145,7 @@ class Engine(SavedConversations):
         return self._queue(check_submission(self.executor, self.tokenizer, *args))
 
     def _queue(self, fields: dict) -> int:
-        request = Request(len(self._requests), **fields, submitted_at=self.clock())
-        self._requests[request.id] = request
+        request = self._requests.add(fields, self.clock())
         self._waiting.append(request)
         return request.id
 
@@ -151,7 +155,7 @@ class Engine(SavedConversations):
         """Stops a request, waiting or running: its queued work is dropped and its sessions
         close at once. False when it had already finished. An observer that raised while
         its sessions closed raises once the request is cancelled (ObserverError)."""
-        r = self._request(request)
+        r = self._requests.find(request)
         if r.is_finished:
             return False
         self._stop(r, "cancelled")
@@ -160,7 +164,7 @@ class Engine(SavedConversations):
     @locked
     def result(self, request: int) -> Completion:
         """The request's tokens so far, its finish reasons and metrics."""
-        return self._request(request).completion()
+        return self._requests.find(request).completion()
 
     @property
     @locked
@@ -174,16 +178,12 @@ class Engine(SavedConversations):
         """Steps so far, how the executor's forwards ran (`ForwardCounts`, or None), the
         requests' token counts summed, what the prefix cache evicted and holds, and what
         its host tier holds, kept and reloaded."""
-        requests = self._requests.values()
-        sums = (
-            sum(len(r.prompt) for r in requests), sum(r.n_cached_tokens for r in requests),
-            sum(r.n_recomputed_tokens for r in requests), sum(r.n_preemptions for r in requests),
-        )  # fmt: skip
         forwards = getattr(self.executor, "forward_counts", None)
+        sums = self._requests.totals()
         cells = (self._sessions.n_evicted_cells, self._sessions.cached_cells)
         host = None if self.prefix_cache is None else self.prefix_cache.host
         tier = (0, 0, 0) if host is None else (host.nbytes, host.n_offloaded_tokens, host.n_reloads)
-        n_host = sum(r.n_host_cached_tokens for r in requests)
+        n_host = self._requests.n_host_cached_tokens
         return EngineMetrics(self.n_steps, forwards, *sums, *cells, n_host, *tier)
 
     @locked
@@ -192,6 +192,33 @@ class Engine(SavedConversations):
         """Releases every cell the prefix cache holds alone (what running requests hold
         stays); returns how many. 0 without a prefix cache."""
         return self._sessions.drop()
+
+    # -- saved conversations (docs/contract.md §13) -----------------------------
+
+    @locked
+    @completes
+    def save(self, request: int, path: str | os.PathLike) -> SeqState:
+        """Writes request `request`'s conversation to `path` (a `SeqState` file with its
+        tokens, positions 0 .. n-1: its prompt and sample 0's tokens but the last) and
+        returns the state. The K/V are the prefix cache's, from a sequence of the pool
+        holding them, else from its host tier. Refused (ConfigError) without a prefix
+        cache, for an unknown request, one whose sample 0 has not finished with "stop" or
+        "length", or a salted one (the file keeps no salt); CapacityError when the prefix
+        cache gave its cells back and keeps no copy; StateError when the file cannot be
+        written."""
+        return self._saved.save(request, path)
+
+    @locked
+    @completes
+    def load(self, path: str | os.PathLike | SeqState) -> int:
+        """Loads the conversation at `path` (a file `save` wrote, or its `SeqState`) into
+        the prefix cache, as a holder: a later prompt that begins with it hits all of it.
+        Room is made as for a request (the prefix cache's least recently used go first).
+        Returns its length in tokens. Refused: no prefix cache or another geometry
+        (ConfigError), a damaged file or a state without tokens or saved from start > 0
+        (StateError), no room for its session or cells (CapacityError); nothing is loaded
+        then (what was evicted to make room stays evicted)."""
+        return self._saved.load(path)
 
     # -- running ---------------------------------------------------------------
 
@@ -283,7 +310,7 @@ class Engine(SavedConversations):
             return [], {}
         starts = {w.session: self._running[w.session][1].n_fed for w in reversed(batch)}
         again = self._admission.recomputing(batch)
-        inputs = [self._input(work) for work in batch]
+        inputs = [next_input(*self._running[work.session], work) for work in batch]
         requests = {self._running[w.session][0].id: self._running[w.session][0] for w in batch}
         try:
             with self._notes.growth(self.executor):
@@ -304,23 +331,6 @@ class Engine(SavedConversations):
             if out.token is not None:
                 events += self._sampled(work, out)
         return events, self._call_back(events)
-
-    def _input(self, work: Work) -> Input:
-        """The tokens of `work` from its sample's next position; the input that ends what
-        the sample knows samples, and the one ending the prompt of sample 0 forks."""
-        r, sample = self._running[work.session]
-        start = sample.n_fed
-        sample.n_fed += work.n_tokens
-        if work.kind == "decode":
-            return Input(work.session, start, sample.tokens[-1:])
-        context = r.context(sample)
-        chunk = context[start : sample.n_fed]
-        if sample.n_fed < len(context):
-            return Input(work.session, start, chunk, sample=False)
-        forks = ()
-        if len(r.samples) < r.n:
-            forks = tuple(r.sampling_of(Sample(i)) for i in range(len(r.samples), r.n))
-        return Input(work.session, start, chunk, forks=forks)
 
     def _sampled(self, work: Work, out: Output) -> list[TokenEvent]:
         """Hands out a sampled token; after the prompt, the other samples' first tokens too
@@ -386,12 +396,3 @@ class Engine(SavedConversations):
         self._notes("finish", request=r.id, sample=sample.index, seq=sample.session, reason=reason)
         if len(r.samples) == r.n and all(s.finish_reason for s in r.samples):
             r.finished_at = self.clock()
-
-    def _request(self, request: int) -> Request:
-        request = as_int("request", request, ConfigError, "; submit() returns request ids")
-        if request not in self._requests:
-            raise ConfigError(
-                f"no request {request}: {len(self._requests)} were submitted, with ids from 0; "
-                "submit() returns request ids"
-            )
-        return self._requests[request]

@@ -52,22 +52,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.checks import as_int, check_geometry, int_at_least
+from numbakv.checks import check_geometry, int_at_least
 from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
+from numbakv.errors import CapacityError, ConfigError, SequenceError
 from numbakv.observe import locked
 from numbakv.serve.batch import Input, Output, checked_inputs
 from numbakv.serve.faults import Observed, batch_observed, completes
 from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
 from numbakv.serve.models import ServedModel, check_model
+from numbakv.serve.open_sessions import OpenSessions
 from numbakv.serve.plan import plan_slices
-from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
+from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
 from numbakv.serve.saved import SavedSessions
+from numbakv.state import SeqState
 
 __all__ = ["Executor", "Input", "Output"]
 
 
-class Executor(SavedSessions):
+class Executor:
     """Runs batches of session inputs through `model` over `cache`.
 
     model              : a `ServedModel` (numbakv's `Model` or `DeviceModel`, a transformers
@@ -147,8 +149,8 @@ class Executor(SavedSessions):
         self._observed = Observed()  # the ObserverErrors of the public call in progress
         self._cache = self._observed.around(cache)  # verbs give their result, faults recorded
         self._graphs = DecodeGraphs(model, cache, graphs, graph_width)
-        self._sampling: dict[int, Sampling] = {}
-        self._rng: dict[int, np.random.Generator] = {}
+        self._open = OpenSessions(self.max_sessions)  # each one's sampling and generator
+        self._saved = SavedSessions(self._cache, config, self._open, self.max_session_tokens)
         self._lock = threading.RLock()
 
     # -- limits ----------------------------------------------------------------
@@ -198,13 +200,13 @@ class Executor(SavedSessions):
     @locked
     def sessions(self) -> list[int]:
         """Open session ids, ascending."""
-        return sorted(self._sampling)
+        return self._open.ids
 
     @property
     @locked
     def free_sessions(self) -> int:
         """Sessions that can still be opened or cloned."""
-        return self.max_sessions - len(self._sampling)
+        return self._open.free
 
     @locked
     @completes
@@ -214,8 +216,8 @@ class Executor(SavedSessions):
         it would have)."""
         check_sampling(sampling)
         drawn = int_at_least("drawn", drawn, 0)
-        self._check_room()
-        return self._opened(self._cache.seq_new(), sampling, drawn)
+        self._open.check_room()
+        return self._open.opened(self._cache.seq_new(), sampling, drawn)
 
     @locked
     @completes
@@ -229,10 +231,10 @@ class Executor(SavedSessions):
         """A new session sharing `session`'s first `upto` positions (default all) without
         copying them; it samples with `sampling` (default the source's) from a fresh
         generator of that seed, as after `drawn` sampled tokens."""
-        session = self._check_open(session)
+        session = self._open.check_open(session)
         drawn = int_at_least("drawn", drawn, 0)
-        self._check_room()
-        sampling = self._sampling[session] if sampling is None else check_sampling(sampling)
+        self._open.check_room()
+        sampling = self._open.sampling[session] if sampling is None else check_sampling(sampling)
         return self._clone(session, upto, sampling, drawn)
 
     @locked
@@ -240,35 +242,51 @@ class Executor(SavedSessions):
     def rewind(self, session: int, position: int) -> None:
         """Drops `session`'s positions >= `position` (an int in [0, length]); the cells no
         other session shares are free at once."""
-        session = self._check_open(session)
+        session = self._open.check_open(session)
         self._cache.rewind(session, position)
 
     @locked
     @completes
     def close_session(self, session: int) -> None:
         """Ends `session`; its cells no other session shares are free at once."""
-        session = self._check_open(session)
+        session = self._open.check_open(session)
         self._cache.seq_rm(session)
-        del self._sampling[session], self._rng[session]
+        self._open.closed(session)
 
     @locked
     def length(self, session: int) -> int:
         """Positions `session` holds."""
-        session = self._check_open(session)
+        session = self._open.check_open(session)
         return self.cache.pos(session)
 
     @locked
     def sample(self, session: int, logits: np.ndarray) -> int:
         """Draws `session`'s next token from `logits` ([vocab_size] float32) with its
         sampling. `execute` samples by itself; this is for schedulers of your own."""
-        session = self._check_open(session)
-        logits = np.asarray(logits)
-        if logits.shape != (self.vocab_size,) or logits.dtype.kind != "f":
-            raise StepError(
-                f"logits have shape {logits.shape} and dtype {logits.dtype}; expected "
-                f"[vocab_size={self.vocab_size}] floats, an Output's logits"
-            )
-        return sample_token(logits, self._sampling[session], self._rng[session])
+        return self._open.sample(session, logits, self.vocab_size)
+
+    # -- saved sessions (docs/contract.md §13) ----------------------------------
+
+    @locked
+    @completes
+    def save_session(self, session: int, start: int = 0) -> SeqState:
+        """Open `session`'s positions start .. length-1 and their K/V as its cache stores
+        them (the cache's `seq_save`); refused (SequenceError) for a session not open or a
+        start outside [0, length]."""
+        return self._saved.save(session, start)
+
+    @locked
+    @completes
+    def load_session(
+        self, state: SeqState, onto: int | None = None, sampling: Sampling = GREEDY, drawn: int = 0
+    ) -> int:
+        """A new session (the cache's next sequence id) holding `state`'s positions and K/V
+        (the cache's `seq_load`: for a state saved from start > 0, a clone of open session
+        `onto`'s first start positions, then the state's), sampling with `sampling` as
+        after `drawn` sampled tokens. Refused with nothing changed: no free session, too few
+        cells or a state past max_session_tokens (CapacityError), another geometry
+        (ConfigError), a bad `onto` (SequenceError), a damaged state (StateError)."""
+        return self._saved.load(state, onto, sampling, drawn)
 
     # -- batches ---------------------------------------------------------------
 
@@ -284,7 +302,7 @@ class Executor(SavedSessions):
         `AllocationError`) rewinds the batch's sessions to where their inputs start, makes
         no clone, then raises. An observer that raised (`ObserverError`) does not stop the
         batch: it runs to its end, then an ObserverError with the outputs as `.result`."""
-        inputs = checked_inputs(inputs, self._check_open, self.vocab_size)
+        inputs = checked_inputs(inputs, self._open.check_open, self.vocab_size)
         starts = self._check(inputs)
         for session, start in starts.items():
             if start < self.cache.pos(session):
@@ -374,25 +392,4 @@ class Executor(SavedSessions):
     def _clone(self, session: int, upto: int | None, sampling: Sampling, drawn: int = 0) -> int:
         """A new session sharing open `session`'s first `upto` positions, sampling with
         `sampling` as after `drawn` tokens; the room for it was checked."""
-        return self._opened(self._cache.seq_clone(session, upto), sampling, drawn)
-
-    def _opened(self, session: int, sampling: Sampling, drawn: int = 0) -> int:
-        self._sampling[session] = sampling
-        self._rng[session] = sampling.generator(drawn)
-        return session
-
-    def _check_open(self, session) -> int:
-        """`session` as an int when it is an open session, else SequenceError."""
-        hint = "; use an id open_session() returned"
-        session = as_int("session", session, SequenceError, hint)
-        if session not in self._sampling:
-            raise SequenceError(
-                f"session {session} is not open (open: {self.sessions}); open_session() first"
-            )
-        return session
-
-    def _check_room(self) -> None:
-        if not self.free_sessions:
-            raise CapacityError(
-                f"all max_sessions={self.max_sessions} sessions are open; close one first"
-            )
+        return self._open.opened(self._cache.seq_clone(session, upto), sampling, drawn)

@@ -3,10 +3,11 @@ loaded back (`SavedSessions`, the `Executor`'s verbs), and a finished conversati
 to a file and loaded into another engine's prefix cache (`SavedConversations`, the
 `Engine`'s), so that its next turn hits all of it (§9.2).
 
-Both are mixins: they read the executor's (the engine's) lock, `Observed` log and
-bookkeeping. A conversation file is a `SeqState` file with its `tokens`: the positions of
-sample 0 of a finished request (its prompt and every sampled token but the last, which was
-never fed). The file has no place for a `cache_salt`, so a salted request is not saved.
+Each is an object its executor (its engine) owns, given what it reads; the owner's verb
+holds the owner's lock, runs as one call of its `Observed` log and hands over to it. A
+conversation file is a `SeqState` file with its `tokens`: the positions of sample 0 of a
+finished request (its prompt and every sampled token but the last, which was never fed).
+The file has no place for a `cache_salt`, so a salted request is not saved.
 
     engine.save(request_id, "chat.npz")           # after the request finished
     other = Engine(executor, prefix_cache=PrefixCache(executor))
@@ -16,73 +17,78 @@ never fed). The file has no place for a `cache_salt`, so a salted request is not
 
 import os
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from numbakv.checks import int_at_least
+from numbakv.config import CacheConfig
 from numbakv.errors import CapacityError, ConfigError, StateError
-from numbakv.observe import locked
-from numbakv.serve.faults import completes
 from numbakv.serve.host_tier import tail
+from numbakv.serve.open_sessions import OpenSessions
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
 from numbakv.state import SeqState
 from numbakv.state.seq_state import load_plan
 
+if TYPE_CHECKING:  # the engine's parts import the executor, which imports this module
+    from numbakv.serve.admission import Admission
+    from numbakv.serve.ledger import Requests
+    from numbakv.serve.memory import Sessions
+
 
 class SavedSessions:
-    """`Executor.save_session` and `load_session` over the executor's cache."""
+    """`Executor.save_session` and `load_session`: an open session to a `SeqState`, and a
+    state into a new session.
 
-    @locked
-    @completes
-    def save_session(self, session: int, start: int = 0) -> SeqState:
-        """Open `session`'s positions start .. length-1 and their K/V as its cache stores
-        them (the cache's `seq_save`); refused (SequenceError) for a session not open or a
-        start outside [0, length]."""
-        return self._cache.seq_save(self._check_open(session), start)
+    Owns nothing. Reads `cache`, the executor's cache through its `Observed` log (its
+    seq_save and seq_load), the cache's `config`, the executor's `sessions` (checked open,
+    room for one more, the loaded one recorded) and its `max_session_tokens`.
+    """
 
-    @locked
-    @completes
-    def load_session(
-        self,
-        state: SeqState,
-        onto: int | None = None,
-        sampling: Sampling = GREEDY,
-        drawn: int = 0,
-    ) -> int:
-        """A new session (the cache's next sequence id) holding `state`'s positions and K/V
-        (the cache's `seq_load`: for a state saved from start > 0, a clone of open session
-        `onto`'s first start positions, then the state's), sampling with `sampling` as
-        after `drawn` sampled tokens. Refused with nothing changed: no free session, too few
-        cells or a state past max_session_tokens (CapacityError), another geometry
-        (ConfigError), a bad `onto` (SequenceError), a damaged state (StateError)."""
-        load_plan(state, self.cache.config, False)  # the cache's first refusals, in its order
+    def __init__(self, cache, config: CacheConfig, sessions: OpenSessions,
+                 max_session_tokens: int):  # fmt: skip
+        self._cache, self._config = cache, config
+        self._sessions, self._max_session_tokens = sessions, max_session_tokens
+
+    def save(self, session: int, start: int = 0) -> SeqState:
+        """`Executor.save_session(session, start)`."""
+        return self._cache.seq_save(self._sessions.check_open(session), start)
+
+    def load(self, state: SeqState, onto: int | None = None, sampling: Sampling = GREEDY,
+             drawn: int = 0) -> int:  # fmt: skip
+        """`Executor.load_session(state, onto, sampling, drawn)`."""
+        load_plan(state, self._config, False)  # the cache's first refusals, in its order
         check_sampling(sampling)
         drawn = int_at_least("drawn", drawn, 0)
-        onto = None if onto is None else self._check_open(onto)
-        self._check_room()
-        if isinstance(state, SeqState) and state.end > self.max_session_tokens:
+        sessions, limit = self._sessions, self._max_session_tokens
+        onto = None if onto is None else sessions.check_open(onto)
+        sessions.check_room()
+        if isinstance(state, SeqState) and state.end > limit:
             raise CapacityError(
-                f"the state ends at position {state.end}, past max_session_tokens="
-                f"{self.max_session_tokens}"
+                f"the state ends at position {state.end}, past max_session_tokens={limit}"
             )
-        return self._opened(self._cache.seq_load(state, onto), sampling, drawn)
+        return sessions.opened(self._cache.seq_load(state, onto), sampling, drawn)
 
 
 class SavedConversations:
     """`Engine.save` and `Engine.load`: a finished request's conversation to a file, and a
-    file's conversation into the engine's prefix cache."""
+    file's conversation into the engine's prefix cache.
 
-    @locked
-    @completes
+    Owns nothing. Reads the engine's `executor` (whether it saves and loads sessions, its
+    vocabulary, its cache's config, its max_session_tokens) and the same executor through
+    the engine's `Observed` log, `observed` (its save_session and load_session); the
+    engine's `sessions` (its prefix cache, through the log, and the room for sessions and
+    cells), its `admission` (the sessions reserved for requests) and its `requests` (the
+    request whose conversation is saved).
+    """
+
+    def __init__(self, executor, observed, sessions: "Sessions", admission: "Admission",
+                 requests: "Requests"):  # fmt: skip
+        self._executor, self._observed = executor, observed
+        self._sessions, self._admission, self._requests = sessions, admission, requests
+
     def save(self, request: int, path: str | os.PathLike) -> SeqState:
-        """Writes request `request`'s conversation to `path` (a `SeqState` file with its
-        tokens, positions 0 .. n-1: its prompt and sample 0's tokens but the last) and
-        returns the state. The K/V are the prefix cache's, from a sequence of the pool
-        holding them, else from its host tier. Refused (ConfigError) without a prefix
-        cache, for an unknown request, one whose sample 0 has not finished with "stop" or
-        "length", or a salted one (the file keeps no salt); CapacityError when the prefix
-        cache gave its cells back and keeps no copy; StateError when the file cannot be
-        written."""
+        """`Engine.save(request, path)`."""
         prefix = self._saving_prefix("save")
-        r = self._request(request)
+        r = self._requests.find(request)
         sample = r.samples[0] if r.samples else None
         if sample is None or sample.finish_reason not in ("stop", "length"):
             reason = "not finished" if sample is None else sample.finish_reason
@@ -98,7 +104,7 @@ class SavedConversations:
         tokens = r.context_ids(sample, sample.n_fed)
         holder = prefix.holder_of(tokens)
         if holder is not None:
-            state = self._executor.save_session(holder)
+            state = self._observed.save_session(holder)
         else:
             host = prefix.host
             state, n = (None, 0) if host is None else host.longest(tokens, None, len(tokens))
@@ -111,16 +117,8 @@ class SavedConversations:
         state.save(path)
         return state
 
-    @locked
-    @completes
     def load(self, path: str | os.PathLike | SeqState) -> int:
-        """Loads the conversation at `path` (a file `save` wrote, or its `SeqState`) into
-        the prefix cache, as a holder: a later prompt that begins with it hits all of it.
-        Room is made as for a request (the prefix cache's least recently used go first).
-        Returns its length in tokens. Refused: no prefix cache or another geometry
-        (ConfigError), a damaged file or a state without tokens or saved from start > 0
-        (StateError), no room for its session or cells (CapacityError); nothing is loaded
-        then (what was evicted to make room stays evicted)."""
+        """`Engine.load(path)`."""
         prefix = self._saving_prefix("load")
         state = path if isinstance(path, SeqState) else SeqState.load(path)
         if state.tokens is None or state.start:
@@ -129,13 +127,13 @@ class SavedConversations:
                 f"(Engine.save); this one starts at {state.start} and has "
                 f"{'no' if state.tokens is None else len(state.tokens)} tokens"
             )
-        vocab, tokens = self.executor.vocab_size, state.tokens
+        vocab, tokens = self._executor.vocab_size, state.tokens
         if len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
             raise StateError(f"the conversation's token ids are not all in [0, {vocab})")
-        cache = getattr(self.executor, "cache", None)
+        cache = getattr(self._executor, "cache", None)
         if cache is not None:  # before room is made: a foreign state evicts nothing
             load_plan(state, cache.config, False)
-        limit = self.executor.max_session_tokens
+        limit = self._executor.max_session_tokens
         if state.end > limit:  # static too: refused before anything is evicted
             raise CapacityError(
                 f"the conversation ends at position {state.end}, past max_session_tokens={limit}"
@@ -149,14 +147,14 @@ class SavedConversations:
                 f"no room for a conversation of {state.n_tokens} positions: {free} cells are "
                 f"free and {sessions.cached_cells} cached ones could be given back"
             )
-        seq = self._executor.load_session(state)
+        seq = self._observed.load_session(state)
         prefix.insert(seq, state.tokens)
         return state.n_tokens
 
     def _saving_prefix(self, verb: str):
         """The engine's prefix cache (through its `Observed` log), else ConfigError; also
         when the executor cannot save and load sessions."""
-        if self.prefix_cache is None:
+        if self._sessions.prefix is None:
             raise ConfigError(
                 f"Engine.{verb}() keeps conversations in the prefix cache; make the engine "
                 "with prefix_cache=PrefixCache(executor)"
@@ -164,7 +162,7 @@ class SavedConversations:
         missing = [
             name
             for name in ("save_session", "load_session")
-            if not callable(getattr(self.executor, name, None))
+            if not callable(getattr(self._executor, name, None))
         ]
         if missing:
             raise ConfigError(f"Engine.{verb}() needs an executor with {', '.join(missing)}")

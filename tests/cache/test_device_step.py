@@ -170,7 +170,7 @@ def test_a_new_step_writes_its_masks_again():
         two_sequences(c).mask(0)  # the first step writes window 0's mask
         step_with(c, [1, 0])
     poison_masks(cache)
-    assert cache._step.mask(0).tolist() == reference._step.mask(0).tolist()
+    assert cache._stepper.progress.current().mask(0).tolist() == reference._step.mask(0).tolist()
 
 
 def test_bindings_name_the_growth_and_refuse_another_cache():

@@ -29,7 +29,7 @@ def make(max_sessions=4, max_session_tokens=32, allocator=None, model=MODEL, **f
 def state(executor: Executor) -> tuple:
     """Everything a refused call must leave as it was: the cache, the sessions and each
     session's generator."""
-    rngs = {s: executor._rng[s].bit_generator.state for s in executor.sessions}
+    rngs = {s: executor._open.rng[s].bit_generator.state for s in executor.sessions}
     return full_state(executor.cache), executor.sessions, rngs
 
 

@@ -33,7 +33,7 @@ def executor_state(ex: Executor) -> tuple:
     generator state."""
     sessions = ex.sessions
     positions = [ex.length(s) for s in sessions]
-    rngs = [ex._rng[s].bit_generator.state for s in sessions]
+    rngs = [ex._open.rng[s].bit_generator.state for s in sessions]
     return full_state(ex.cache), sessions, positions, rngs
 
 

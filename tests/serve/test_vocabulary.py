@@ -25,7 +25,7 @@ def executor(model=MODEL) -> Executor:
 
 def state(ex: Executor) -> tuple:
     """What a refused batch must leave as it was: the cache, the sessions, their generators."""
-    rngs = {s: ex._rng[s].bit_generator.state for s in ex.sessions}
+    rngs = {s: ex._open.rng[s].bit_generator.state for s in ex.sessions}
     return full_state(ex.cache), ex.sessions, rngs
 
 
