@@ -5,7 +5,6 @@ and attention.
 
 import numpy as np
 
-from numbakv import tensors
 from numbakv.cache import inputs
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.cuda import cuda
@@ -20,20 +19,20 @@ from numbakv.cache.saving import Saving
 from numbakv.cache.step import Step
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.checks import (
-    as_int,
+from numbakv.core import arrays
+from numbakv.core.calls import (
     check_declaration,
     check_layer,
     check_mode,
     check_query,
     check_scale,
-    check_shape,
     check_width,
 )
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, ConfigError, StepError
-from numbakv.observe import Observable, locked
-from numbakv.snapshot import Snapshot
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError, ConfigError, StepError
+from numbakv.core.observe import Observable, locked
+from numbakv.core.snapshot import Snapshot
+from numbakv.core.values import as_int, check_shape
 
 
 class CellCache(Observable, Inspection, Capture, Saving):
@@ -289,7 +288,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
                 it, then reused, allocation-free once warm), whose
                 `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
-        Returned in the caller's kind (`numbakv.tensors`): a torch `out` as itself; for a
+        Returned in the caller's kind (`numbakv.core.arrays`): a torch `out` as itself; for a
         CUDA torch q and no `out`, a new torch tensor in q's dtype on q's device that the
         kernel writes (no copy); for a CPU torch q, a CPU torch tensor in q's dtype (the
         result copied to the host, the stream synchronized); else the numba device array.
@@ -309,7 +308,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
         n_heads = check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
         capturing = self._in_capture()
-        if out is None and tensors.is_cuda_tensor(caller) and not capturing:
+        if out is None and arrays.is_cuda_tensor(caller) and not capturing:
             given = out = caller.new_empty(tuple(caller.shape))  # q's dtype, q's device
         out = inputs.output(out, q.shape, step.stream, self._lender, capturing)
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, self._lender, capturing)

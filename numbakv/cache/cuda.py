@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from numbakv.cache.device import IS_SIMULATOR, MODE
-from numbakv.dlpack import Exported, host_view, storage_dtype
+from numbakv.core.arrays import Exported, host_view, storage_dtype
 
 from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import IS_SIMULATOR, begin_graph, launch_graph, stream_handle
 from numbakv.cache.kernels.launch import is_recording, launch, recording
-from numbakv.errors import StepError
-from numbakv.observe import locked
+from numbakv.core.errors import StepError
+from numbakv.core.observe import locked
 
 BACKENDS = ("auto", "record", "graph")
 

@@ -7,8 +7,8 @@ import numpy as np
 from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import device_address
 from numbakv.cache.graph import not_while_capturing
-from numbakv.checks import check_layer
-from numbakv.observe import check_cells, locked
+from numbakv.core.calls import check_layer
+from numbakv.core.observe import check_cells, locked
 
 
 class Inspection:

@@ -20,11 +20,17 @@ from numbakv.cache.graph import not_while_capturing
 from numbakv.cache.kernels import placement, rows
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, WIDTH, columns
 from numbakv.cache.pool import ALLOCATION_ERRORS
-from numbakv.errors import AllocationError
-from numbakv.formats import ARRAY_DTYPES, FLOATS
-from numbakv.observe import locked
-from numbakv.state import Geometry, SeqState
-from numbakv.state.seq_state import check_onto, check_room, check_start, load_plan
+from numbakv.core.errors import AllocationError
+from numbakv.core.formats import ARRAY_DTYPES, FLOATS
+from numbakv.core.observe import locked
+from numbakv.core.seq_state import (
+    Geometry,
+    SeqState,
+    check_onto,
+    check_room,
+    check_start,
+    load_plan,
+)
 
 ALIGN = 16  # bytes: every section starts on a word of any dtype the kernels read
 

@@ -7,8 +7,8 @@ import numpy as np
 
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SEQ_IDS
-from numbakv.checks import check_window
-from numbakv.errors import StepError
+from numbakv.core.calls import check_window
+from numbakv.core.errors import StepError
 
 
 class Step:

@@ -23,12 +23,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
-from numbakv.checks import as_int, int_at_least
-from numbakv.errors import ConfigError
-from numbakv.observe import locked
+from numbakv.core.errors import ConfigError
+from numbakv.core.observe import locked
+from numbakv.core.values import as_int, int_at_least
 from numbakv.serve.admission import Admission
+from numbakv.serve.batch import Input, Output
 from numbakv.serve.events import Annotate, Notes, call_back, check_annotate, check_not_in_callbacks
-from numbakv.serve.executor import Input, Output
 from numbakv.serve.faults import Observed, StepFaults, completes
 from numbakv.serve.memory import Sessions
 from numbakv.serve.prefix import PrefixCache

@@ -50,7 +50,7 @@ as its cause) propagates (`faults.Observed.annotate_hook`).
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.serve.requests import FinishReason, Request, TokenEvent
 
 Annotate = Callable[..., None]  # annotate(kind: str, **data) -> None

@@ -52,10 +52,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.checks import as_int, check_geometry, int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, SequenceError, StepError
-from numbakv.observe import locked
+from numbakv.core.calls import check_geometry
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, SequenceError, StepError
+from numbakv.core.observe import locked
+from numbakv.core.values import as_int, int_at_least
 from numbakv.serve.batch import Input, Output, checked_inputs
 from numbakv.serve.faults import Observed, batch_observed, completes
 from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
@@ -63,8 +64,6 @@ from numbakv.serve.models import ServedModel, check_model
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling, sample_token
 from numbakv.serve.saved import SavedSessions
-
-__all__ = ["Executor", "Input", "Output"]
 
 
 class Executor(SavedSessions):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 
 MODES = ("auto", "off")
 

@@ -17,14 +17,13 @@ never fed). The file has no place for a `cache_salt`, so a salted request is not
 import os
 from dataclasses import replace
 
-from numbakv.checks import int_at_least
-from numbakv.errors import CapacityError, ConfigError, StateError
-from numbakv.observe import locked
+from numbakv.core.errors import CapacityError, ConfigError, StateError
+from numbakv.core.observe import locked
+from numbakv.core.seq_state import SeqState, load_plan
+from numbakv.core.values import int_at_least
 from numbakv.serve.faults import completes
 from numbakv.serve.host_tier import tail
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
-from numbakv.state import SeqState
-from numbakv.state.seq_state import load_plan
 
 
 class SavedSessions:

@@ -13,7 +13,7 @@ recorded: a replayed step writes synthetic K/V drawn from its frame index.
 
 import numpy as np
 
-from numbakv.testing.ops import Op
+from numbakv.testing.op import Op
 
 VERB_EVENTS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
 

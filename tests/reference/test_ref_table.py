@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.reference import CellCache
 
 

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.reference.table import CellTable
 
 CONFIG = CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4, capacity=24, max_width=6, max_seqs=70)

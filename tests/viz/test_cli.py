@@ -11,11 +11,10 @@ import pytest
 from matplotlib.figure import Figure
 
 import numbakv
-from numbakv import trace
+from numbakv import Recorder, trace
 from numbakv.cli import demo, main
 from numbakv.reference import CellCache
 from numbakv.serve.lockstep import LockstepError
-from numbakv.trace import Recorder
 from numbakv.viz import render_text
 
 from helpers import small_config, step_with
