@@ -332,7 +332,7 @@ class CellCache(Observable, Inspection, Capture, Saving):
             plan, q, k_pool, v_pool, pool.scales[layer], b.step, view,
             np.float32(scale), out, workspace, step.stream,
         )  # fmt: skip
-        return inputs.returned(caller, given, out, step.stream)
+        return arrays.returned(caller, given, out, step.stream)
 
     def _current_step(self) -> Step:
         if self._step is None:

@@ -27,6 +27,87 @@ import numpy as np
 from numbakv.core.errors import StepError
 from numbakv.core.values import check_shape
 
+# -- host arrays -------------------------------------------------------------------------
+
+FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
+
+
+def as_host(x) -> np.ndarray:
+    """A NumPy view of x; device arrays (with `copy_to_host`) are copied over."""
+    if hasattr(x, "copy_to_host"):
+        x = x.copy_to_host()
+    return np.asarray(x)
+
+
+def host_floats(name: str, x) -> np.ndarray:
+    """x as a NumPy array of a real float dtype (float16/32/64, ml_dtypes' bfloat16), or
+    StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
+    those that require grad included), host bfloat16 tensors through DLPack (widened to
+    float32, exactly) and device arrays with `copy_to_host`; refuses integer, bool, complex,
+    object and string arrays, which no cast makes into K/V."""
+    if not hasattr(x, "copy_to_host") and is_foreign_device_array(x):
+        raise StepError(
+            f"{name}: {type(x).__name__} is a foreign device array; the reference reads host "
+            "arrays and numba device arrays: copy it to the host first (.get(), .cpu())"
+        )
+    try:
+        if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
+            x = x.detach()
+        array, error = as_host(x), None
+    except Exception as raised:  # whatever the object's conversion raises
+        array, error = None, raised
+    is_float = array is not None and (array.dtype.kind == "f" or array.dtype.name in FLOAT_NAMES)
+    if not is_float and not isinstance(x, np.ndarray) and has_dlpack(x):
+        return _exported_floats(name, x)  # what NumPy cannot read: a bfloat16 tensor
+    if array is None:
+        raise StepError(
+            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error!r}); pass "
+            "an array of float32, float16 or bfloat16, or a tensor that has __dlpack__"
+        ) from error
+    if not is_float:
+        raise StepError(
+            f"{name} has dtype {array.dtype}; K, V and q are real floats: give float32, "
+            "float16, float64 or bfloat16 values"
+        )
+    return array
+
+
+# -- device arrays -----------------------------------------------------------------------
+
+BFLOAT16 = np.dtype(np.uint16)  # the view of an exported bfloat16 tensor: its bit patterns
+
+
+def is_device_array(x) -> bool:
+    """Whether x is a device tensor: a numba device array, device memory exported through
+    DLPack, or `__cuda_array_interface__`."""
+    return hasattr(x, "copy_to_host") or is_foreign_device_array(x)
+
+
+def check_device_floats(name: str, x, dtypes: tuple[np.dtype, ...]):
+    """`x` (a numba device array, or a numba view of another library's) when its dtype is one
+    of `dtypes` and its last axis is contiguous (the other axes may stride), else StepError."""
+    try:
+        dtype = np.dtype(x.dtype)
+    except Exception as error:
+        raise StepError(f"{name}: {type(x).__name__} has no readable dtype ({error!r})") from error
+    if dtype not in dtypes:
+        raise StepError(
+            f"{name} is a device array of {x.dtype}; give one of "
+            f"{[d.name for d in dtypes if d != BFLOAT16]} or a bfloat16 tensor through DLPack "
+            "(host arrays of any float dtype are converted)"
+        )
+    shape, strides = tuple(x.shape), tuple(x.strides)  # the simulator's take no index -1
+    if shape and shape[-1] > 1 and strides[-1] != dtype.itemsize:
+        raise StepError(
+            f"{name} is a device array with strides {strides}: its last axis (head_dim) "
+            "must be contiguous, the others may stride; give a view of such an array or "
+            "a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)"
+        )
+    return x
+
+
+# -- DLPack: an export read without a copy, plain ctypes over the legacy `dltensor` capsule
+
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13  # DLDeviceType codes numbakv reads
 DEVICE_MEMORY = (CUDA, CUDA_MANAGED)  # what a kernel may read in place
 # (DLDataTypeCode, bits) -> dtype name: 2 = kDLFloat, 4 = kDLBfloat
@@ -286,82 +367,3 @@ def returned(caller, given, out, stream):
         stream.synchronize()  # the copy into pageable memory is done before it is read
         return host_result(caller, host)
     return out
-
-
-# -- host arrays -------------------------------------------------------------------------
-
-FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
-
-
-def as_host(x) -> np.ndarray:
-    """A NumPy view of x; device arrays (with `copy_to_host`) are copied over."""
-    if hasattr(x, "copy_to_host"):
-        x = x.copy_to_host()
-    return np.asarray(x)
-
-
-def host_floats(name: str, x) -> np.ndarray:
-    """x as a NumPy array of a real float dtype (float16/32/64, ml_dtypes' bfloat16), or
-    StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
-    those that require grad included), host bfloat16 tensors through DLPack (widened to
-    float32, exactly) and device arrays with `copy_to_host`; refuses integer, bool, complex,
-    object and string arrays, which no cast makes into K/V."""
-    if not hasattr(x, "copy_to_host") and is_foreign_device_array(x):
-        raise StepError(
-            f"{name}: {type(x).__name__} is a foreign device array; the reference reads host "
-            "arrays and numba device arrays: copy it to the host first (.get(), .cpu())"
-        )
-    try:
-        if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
-            x = x.detach()
-        array, error = as_host(x), None
-    except Exception as raised:  # whatever the object's conversion raises
-        array, error = None, raised
-    is_float = array is not None and (array.dtype.kind == "f" or array.dtype.name in FLOAT_NAMES)
-    if not is_float and not isinstance(x, np.ndarray) and has_dlpack(x):
-        return _exported_floats(name, x)  # what NumPy cannot read: a bfloat16 tensor
-    if array is None:
-        raise StepError(
-            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error!r}); pass "
-            "an array of float32, float16 or bfloat16, or a tensor that has __dlpack__"
-        ) from error
-    if not is_float:
-        raise StepError(
-            f"{name} has dtype {array.dtype}; K, V and q are real floats: give float32, "
-            "float16, float64 or bfloat16 values"
-        )
-    return array
-
-
-# -- device arrays -----------------------------------------------------------------------
-
-BFLOAT16 = np.dtype(np.uint16)  # the view of an exported bfloat16 tensor: its bit patterns
-
-
-def is_device_array(x) -> bool:
-    """Whether x is a device tensor: a numba device array, device memory exported through
-    DLPack, or `__cuda_array_interface__`."""
-    return hasattr(x, "copy_to_host") or is_foreign_device_array(x)
-
-
-def check_device_floats(name: str, x, dtypes: tuple[np.dtype, ...]):
-    """`x` (a numba device array, or a numba view of another library's) when its dtype is one
-    of `dtypes` and its last axis is contiguous (the other axes may stride), else StepError."""
-    try:
-        dtype = np.dtype(x.dtype)
-    except Exception as error:
-        raise StepError(f"{name}: {type(x).__name__} has no readable dtype ({error!r})") from error
-    if dtype not in dtypes:
-        raise StepError(
-            f"{name} is a device array of {x.dtype}; give one of "
-            f"{[d.name for d in dtypes if d != BFLOAT16]} or a bfloat16 tensor through DLPack "
-            "(host arrays of any float dtype are converted)"
-        )
-    shape, strides = tuple(x.shape), tuple(x.strides)  # the simulator's take no index -1
-    if shape and shape[-1] > 1 and strides[-1] != dtype.itemsize:
-        raise StepError(
-            f"{name} is a device array with strides {strides}: its last axis (head_dim) "
-            "must be contiguous, the others may stride; give a view of such an array or "
-            "a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)"
-        )
-    return x
