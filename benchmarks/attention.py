@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks.common import print_machine
 from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda, device_info
 from numbakv.cache.table import HostTable
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.reference.step import window_mask
 
 N_KV_HEADS, N_HEADS, HEAD_DIM = 8, 32, 128

@@ -57,8 +57,8 @@ import numpy as np
 
 from benchmarks.common import KI, MI, cells_label, gc_off, print_machine, run_command, timed
 from numbakv.cache.table import HostTable
-from numbakv.checks import check_declaration
-from numbakv.config import CacheConfig
+from numbakv.core.calls import check_declaration
+from numbakv.core.config import CacheConfig
 from numbakv.reference.table import CellTable
 
 N_SEQS, LONG, MAX_WIDTH = 256, 4 * KI, 256

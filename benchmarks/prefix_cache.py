@@ -69,7 +69,7 @@ import numpy as np
 from benchmarks.common import gc_off, print_machine, print_table
 from benchmarks.prefix_workloads import Trace, Workload, trie_hits, vllm_hits, workloads
 from numbakv import Engine, Executor, Model, ModelConfig, PrefixCache
-from numbakv.formats import head_bytes
+from numbakv.core.formats import head_bytes
 from numbakv.reference import CellCache
 from numbakv.serve.requests import EngineMetrics
 

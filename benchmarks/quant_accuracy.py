@@ -20,8 +20,8 @@ import argparse
 import numpy as np
 
 from benchmarks.common import print_machine, print_table
-from numbakv.config import CacheConfig
-from numbakv.formats import bits_per_value
+from numbakv.core.config import CacheConfig
+from numbakv.core.formats import bits_per_value
 from numbakv.reference import CellCache
 from numbakv.serve.model import Model, ModelConfig
 

@@ -43,8 +43,8 @@ def peak_mib() -> float:
 
 def record(scale: dict, path: str) -> dict:
     """Runs the workload recorded and saves it; its figures."""
-    from numbakv.reference import CacheConfig, CellCache
-    from numbakv.trace import Recorder
+    from numbakv import CacheConfig, Recorder
+    from numbakv.reference import CellCache
     from tests.viz.scheduler_workload import Workload
 
     config = CacheConfig(
@@ -69,7 +69,7 @@ def record(scale: dict, path: str) -> dict:
 
 
 def load(path: str) -> dict:
-    from numbakv.trace import load_trace
+    from numbakv import load_trace
 
     start = time.perf_counter()
     trace = load_trace(path)

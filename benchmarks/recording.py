@@ -32,8 +32,8 @@ import time
 import numpy as np
 
 from benchmarks.common import print_machine, run_command
-from numbakv.reference import CacheConfig, CellCache
-from numbakv.trace import Recorder
+from numbakv import CacheConfig, Recorder
+from numbakv.reference import CellCache
 from numbakv.viz.progress import Progress
 from tests.viz.scheduler_workload import Workload
 

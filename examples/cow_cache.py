@@ -30,12 +30,18 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from numbakv import checks
-from numbakv.checks import int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, StepError
-from numbakv.state import Geometry, SeqState
-from numbakv.state.seq_state import check_onto, check_room, check_start, load_plan
+from numbakv.core import arrays, calls, values
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, StepError
+from numbakv.core.seq_state import (
+    Geometry,
+    SeqState,
+    check_onto,
+    check_room,
+    check_start,
+    load_plan,
+)
+from numbakv.core.values import int_at_least
 
 BUGS = {
     "cow_by_flag": "a page is copied on write when a partial fork flagged it, whatever its count",
@@ -159,9 +165,9 @@ class CowCache:
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s positions [0, upto) (default all of them): every
         page they lie in, the partial last one too; nothing is copied."""
-        src = checks.check_live(src, self._live)
+        src = calls.check_live(src, self._live)
         n = len(self._cells[src])
-        upto = n if upto is None else checks.check_position("upto", upto, n, src)
+        upto = n if upto is None else calls.check_position("upto", upto, n, src)
         seq = self._free_id()
         if "clone_upto_zero_all" in self.bugs and upto == 0:
             upto = n
@@ -177,7 +183,7 @@ class CowCache:
 
     def seq_rm(self, seq: int) -> None:
         """Frees `seq`'s id, its hold on its pages and cells (what no clone holds is free)."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         if "rm_frees_shared" in self.bugs:
             self._pages.release(self._tables[seq], whole=True)
             self._tables[seq] = []
@@ -187,9 +193,9 @@ class CowCache:
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; a page it shares is copied on a write."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         n = len(self._cells[seq])
-        self._truncate(seq, checks.check_position("position", position, n, seq))
+        self._truncate(seq, calls.check_position("position", position, n, seq))
         self._changed()
 
     def clear(self) -> None:
@@ -205,7 +211,7 @@ class CowCache:
     def seq_save(self, seq: int, start: int = 0) -> SeqState:
         """`seq`'s positions start .. pos(seq) - 1 and their K/V in every layer, as stored
         (docs/contract.md §13); nothing changes."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         n = len(self._cells[seq])
         start = check_start(start, n, seq)
         positions = np.arange(start, n, dtype=np.int32)
@@ -221,7 +227,7 @@ class CowCache:
         re-stored, for the float layers `convert=True` lets differ). Refused as the
         reference refuses, with nothing changed."""
         convert = load_plan(state, self.config, convert)
-        onto = None if onto is None else checks.check_live(onto, self._live)
+        onto = None if onto is None else calls.check_live(onto, self._live)
         check_onto(onto, 0 if onto is None else len(self._cells[onto]), state.start)
         check_room(state, self.config, self.free_cells, self._live)
         seq = self.seq_new() if onto is None else self.seq_clone(onto, state.start)
@@ -251,7 +257,7 @@ class CowCache:
         is_array = isinstance(seq_ids, np.ndarray) and seq_ids.ndim == 1
         if not (is_array or isinstance(seq_ids, list | tuple | range)):
             raise StepError(f"declare_step takes a list or 1-d array of ids, not {seq_ids!r}")
-        ids = [checks.check_live(seq, self._live) for seq in seq_ids]
+        ids = [calls.check_live(seq, self._live) for seq in seq_ids]
         if not 1 <= len(ids) <= self.config.max_width:
             raise StepError(f"a step declares 1 to {self.config.max_width} tokens, not {len(ids)}")
         if len(ids) > self.free_cells:
@@ -268,7 +274,7 @@ class CowCache:
         if self._declared is None:
             raise StepError("prepare_step() with nothing declared; call declare_step() first")
         seq_ids = self._declared
-        width = checks.check_width(width, len(seq_ids), self.config.max_width)
+        width = calls.check_width(width, len(seq_ids), self.config.max_width)
         rows = np.full((4, width), -1, dtype=np.int32)  # positions, ids, pages, slots
         for t, seq in enumerate(seq_ids.tolist()):
             rows[:, t] = len(self._cells[seq]), seq, *self._place(seq)
@@ -280,10 +286,10 @@ class CowCache:
         """Stores the step's K and V rows (k, v: [width, n_kv_heads, head_dim], any real
         float dtype) in their slots, rounded to float32, then to the storage dtype."""
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        k, v = checks.host_floats("k", k), checks.host_floats("v", v)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        k, v = arrays.host_floats("k", k), arrays.host_floats("v", v)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        checks.check_shape("k", k.shape, shape), checks.check_shape("v", v.shape, shape)
+        values.check_shape("k", k.shape, shape), values.check_shape("v", v.shape, shape)
         real, dtype = step.seq_ids >= 0, self.config.storage_dtype
         slots = layer, step.pages[real], step.slots[real]
         self._pages.k[slots] = np.asarray(k[real], dtype=np.float32).astype(dtype)
@@ -298,13 +304,13 @@ class CowCache:
         head_dim], query head h reading KV head h // (n_heads // n_kv_heads); scale default
         1 / sqrt(head_dim). Requires write(layer, ...) in this step."""
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        checks.check_mode(mode)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        calls.check_mode(mode)
         if layer not in self._written:
             raise StepError(f"attend({layer}) before write({layer}) in this step")
-        q = checks.host_floats("q", q).astype(np.float32)
-        n_heads = checks.check_query(q.shape, step.width, self.config)
-        scale = checks.check_scale(scale, self.config.head_dim)
+        q = arrays.host_floats("q", q).astype(np.float32)
+        n_heads = calls.check_query(q.shape, step.width, self.config)
+        scale = calls.check_scale(scale, self.config.head_dim)
         n_kv, window = self.config.n_kv_heads, self.config.windows[layer]
         kv_head = np.arange(n_heads) // (n_heads // n_kv)
         out = np.zeros(q.shape, dtype=np.float32)
@@ -326,7 +332,7 @@ class CowCache:
 
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position its next token gets."""
-        return len(self._cells[checks.check_live(seq, self._live)])
+        return len(self._cells[calls.check_live(seq, self._live)])
 
     @property
     def live_seqs(self) -> list[int]:

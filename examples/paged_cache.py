@@ -27,10 +27,10 @@ from collections import Counter
 
 import numpy as np
 
-from numbakv import checks
-from numbakv.checks import int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, StepError
+from numbakv.core import arrays, calls, values
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, StepError
+from numbakv.core.values import int_at_least
 
 BUGS = {
     "window_off_by_one": "a layer with window W attends W + 1 keys",
@@ -168,9 +168,9 @@ class PagedCache:
 
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence sharing `src`'s positions [0, upto) (default all of them)."""
-        src = checks.check_live(src, self._live)
+        src = calls.check_live(src, self._live)
         n = len(self._cells[src])
-        upto = n if upto is None else checks.check_position("upto", upto, n, src)
+        upto = n if upto is None else calls.check_position("upto", upto, n, src)
         seq = self._free_id()
         if "clone_one_too_many" in self.bugs:
             upto = min(upto + 1, n)
@@ -190,7 +190,7 @@ class PagedCache:
 
     def seq_rm(self, seq: int) -> None:
         """Frees `seq`'s id, its pages no other table holds, and its cells no clone holds."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         table = self._tables[seq][:]
         if "refcount_leak_on_remove" in self.bugs:  # never lets go of what it shares
             shared = [page for page in table if self._pool.refs[page] > 1]  # a prefix
@@ -204,9 +204,9 @@ class PagedCache:
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         n = len(self._cells[seq])
-        position = checks.check_position("position", position, n, seq)
+        position = calls.check_position("position", position, n, seq)
         if "rewind_keeps_one" in self.bugs:
             position = min(position + 1, n)
         if "rewind_to_zero_noop" in self.bugs and position == 0:
@@ -238,7 +238,7 @@ class PagedCache:
         is_array = isinstance(seq_ids, np.ndarray) and seq_ids.ndim == 1
         if not (is_array or isinstance(seq_ids, list | tuple | range)):
             raise StepError(f"declare_step takes a list or 1-d array of ids, not {seq_ids!r}")
-        ids = [checks.check_live(seq, self._live) for seq in seq_ids]
+        ids = [calls.check_live(seq, self._live) for seq in seq_ids]
         if not 1 <= len(ids) <= self.config.max_width:
             raise StepError(f"a step declares 1 to {self.config.max_width} tokens, not {len(ids)}")
         if len(ids) > self.free_cells:
@@ -256,7 +256,7 @@ class PagedCache:
         if self._declared is None:
             raise StepError("prepare_step() with nothing declared; call declare_step() first")
         seq_ids = self._declared
-        width = checks.check_width(width, len(seq_ids), self.config.max_width)
+        width = calls.check_width(width, len(seq_ids), self.config.max_width)
         rows = np.full((4, width), -1, dtype=np.int32)  # positions, ids, pages, offsets
         n_pages = self.n_pages
         for t, seq in enumerate(seq_ids.tolist()):
@@ -277,10 +277,10 @@ class PagedCache:
         """Stores the step's K and V rows (k, v: [width, n_kv_heads, head_dim], any real
         float dtype) in their slots, rounded to float32, then to the storage dtype."""
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        k, v = checks.host_floats("k", k), checks.host_floats("v", v)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        k, v = arrays.host_floats("k", k), arrays.host_floats("v", v)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        checks.check_shape("k", k.shape, shape), checks.check_shape("v", v.shape, shape)
+        values.check_shape("k", k.shape, shape), values.check_shape("v", v.shape, shape)
         real, dtype = (step.seq_ids >= 0) & (step.pages >= self._lost), self.config.storage_dtype
         slots = layer, step.pages[real], step.offsets[real]
         self._pool.k[slots] = np.asarray(k[real], dtype=np.float32).astype(dtype)
@@ -299,13 +299,13 @@ class PagedCache:
         Padding rows give 0. Requires write(layer, ...) in this step.
         """
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        checks.check_mode(mode)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        calls.check_mode(mode)
         if layer not in self._written:
             raise StepError(f"attend({layer}) before write({layer}) in this step")
-        q = checks.host_floats("q", q).astype(np.float32)
-        n_heads = checks.check_query(q.shape, step.width, self.config)
-        scale = checks.check_scale(scale, self.config.head_dim)
+        q = arrays.host_floats("q", q).astype(np.float32)
+        n_heads = calls.check_query(q.shape, step.width, self.config)
+        scale = calls.check_scale(scale, self.config.head_dim)
         n_kv, window = self.config.n_kv_heads, self.config.windows[layer]
         heads = np.arange(n_heads)
         kv_head = heads % n_kv if "gqa_mapping" in self.bugs else heads // (n_heads // n_kv)
@@ -328,7 +328,7 @@ class PagedCache:
 
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position its next token gets."""
-        return len(self._cells[checks.check_live(seq, self._live)])
+        return len(self._cells[calls.check_live(seq, self._live)])
 
     @property
     def live_seqs(self) -> list[int]:
@@ -351,7 +351,7 @@ class PagedCache:
 
     def block_table(self, seq: int) -> list[int]:
         """A copy of `seq`'s block table: the page of each block, in order."""
-        return list(self._tables[checks.check_live(seq, self._live)])
+        return list(self._tables[calls.check_live(seq, self._live)])
 
     def check_invariants(self) -> None:
         """Raises AssertionError unless each page's count is the number of tables holding

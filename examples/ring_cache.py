@@ -35,9 +35,9 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from numbakv import checks
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, StepError
+from numbakv.core import arrays, calls, values
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, StepError
 
 BUGS = {
     "reused_id_inherits": "seq_rm leaves the id on cells a clone owns: its next user sees them",
@@ -142,9 +142,9 @@ class RingCache:
 
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence owning `src`'s cells of positions [0, upto) (default all of them)."""
-        src = checks.check_live(src, self._live)
+        src = calls.check_live(src, self._live)
         n = self.pos(src)
-        upto = n if upto is None else checks.check_position("upto", upto, n, src)
+        upto = n if upto is None else calls.check_position("upto", upto, n, src)
         seq = self._free_id()
         if "clone_one_short" in self.bugs:
             upto = max(upto - 1, 0)
@@ -155,7 +155,7 @@ class RingCache:
 
     def seq_rm(self, seq: int) -> None:
         """Takes `seq` off every cell, frees the cells left without an owner, frees the id."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         cells = self.owners[:, seq].copy()
         if "reused_id_inherits" in self.bugs:  # only the cells it alone owns
             cells &= self.owners.sum(axis=1) == 1
@@ -167,9 +167,9 @@ class RingCache:
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id stays live."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         n = self.pos(seq)
-        position = checks.check_position("position", position, n, seq)
+        position = calls.check_position("position", position, n, seq)
         if "rewind_to_zero_noop" in self.bugs:
             position = position or n
         self._drop(seq, self.owners[:, seq] & (self.cell_pos >= position))
@@ -195,7 +195,7 @@ class RingCache:
         is_array = isinstance(seq_ids, np.ndarray) and seq_ids.ndim == 1
         if not (is_array or isinstance(seq_ids, list | tuple | range)):
             raise StepError(f"declare_step takes a list or 1-d array of ids, not {seq_ids!r}")
-        ids = [checks.check_live(seq, self._live) for seq in seq_ids]
+        ids = [calls.check_live(seq, self._live) for seq in seq_ids]
         if not 1 <= len(ids) <= self.config.max_width:
             raise StepError(f"a step declares 1 to {self.config.max_width} tokens, not {len(ids)}")
         free = self.free_cells - ("capacity_off_by_one" in self.bugs)
@@ -216,7 +216,7 @@ class RingCache:
         if self._declared is None:
             raise StepError("prepare_step() with nothing declared; call declare_step() first")
         seq_ids = self._declared
-        width = checks.check_width(width, len(seq_ids), self.config.max_width)
+        width = calls.check_width(width, len(seq_ids), self.config.max_width)
         rows = np.full((3, width), -1, dtype=np.int32)  # positions, seq_ids, cells
         lengths = self.owners.sum(axis=0)
         for t, (seq, cell) in enumerate(zip(seq_ids.tolist(), self._find_cells(len(seq_ids)),
@@ -234,10 +234,10 @@ class RingCache:
         """Stores the step's K and V rows (k, v: [width, n_kv_heads, head_dim], any real
         float dtype) in their cells, rounded to float32, then to the storage dtype."""
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        k, v = checks.host_floats("k", k), checks.host_floats("v", v)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        k, v = arrays.host_floats("k", k), arrays.host_floats("v", v)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        checks.check_shape("k", k.shape, shape), checks.check_shape("v", v.shape, shape)
+        values.check_shape("k", k.shape, shape), values.check_shape("v", v.shape, shape)
         real = step.seq_ids >= 0
         if "padding_kv_written" in self.bugs:
             real[:] = True
@@ -261,15 +261,15 @@ class RingCache:
         Padding rows give 0. Requires write(layer, ...) in this step.
         """
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        checks.check_mode(mode)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        calls.check_mode(mode)
         if layer not in self._written:
             raise StepError(f"attend({layer}) before write({layer}) in this step")
-        q = checks.host_floats("q", q)
-        n_heads = checks.check_query(q.shape, step.width, self.config)
-        scale = checks.check_scale(scale, self.config.head_dim)
+        q = arrays.host_floats("q", q)
+        n_heads = calls.check_query(q.shape, step.width, self.config)
+        scale = calls.check_scale(scale, self.config.head_dim)
         if "scale_ignored" in self.bugs:
-            scale = checks.default_scale(self.config.head_dim)
+            scale = calls.default_scale(self.config.head_dim)
         q = q.astype(np.float32)
         n_kv, window = self.config.n_kv_heads, self.config.windows[layer]
         if "gqa_mapping" in self.bugs:
@@ -297,7 +297,7 @@ class RingCache:
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the number of cells it owns, the position its next token
         gets."""
-        return int(np.count_nonzero(self.owners[:, checks.check_live(seq, self._live)]))
+        return int(np.count_nonzero(self.owners[:, calls.check_live(seq, self._live)]))
 
     @property
     def live_seqs(self) -> list[int]:

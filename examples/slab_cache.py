@@ -37,10 +37,10 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from numbakv import checks
-from numbakv.checks import int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, StepError
+from numbakv.core import arrays, calls, values
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, StepError
+from numbakv.core.values import int_at_least
 
 BUGS = {
     "stale_slab_after_growth": "a token writes to its slab as placed, before a later token grew it",
@@ -158,9 +158,9 @@ class SlabCache:
     def seq_clone(self, src: int, upto: int | None = None) -> int:
         """A new sequence holding `src`'s positions [0, upto) (default all of them): their
         cells shared, their rows copied into a slab of its own."""
-        src = checks.check_live(src, self._live)
+        src = calls.check_live(src, self._live)
         n = len(self._cells[src])
-        upto = n if upto is None else checks.check_position("upto", upto, n, src)
+        upto = n if upto is None else calls.check_position("upto", upto, n, src)
         seq = self._free_id()
         rows = self.initial_rows
         while rows < upto:
@@ -178,7 +178,7 @@ class SlabCache:
 
     def seq_rm(self, seq: int) -> None:
         """Frees `seq`'s id, its slab, and its cells no clone holds."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         cells = self._cells[seq][:]
         if "refcount_leak_on_remove" in self.bugs:  # never lets go of what it shares
             self._held.update(cell for cell in cells if self._held[cell] > 1)
@@ -190,9 +190,9 @@ class SlabCache:
 
     def rewind(self, seq: int, position: int) -> None:
         """Drops `seq`'s positions >= position; the id and its slab stay."""
-        seq = checks.check_live(seq, self._live)
+        seq = calls.check_live(seq, self._live)
         n = len(self._cells[seq])
-        position = checks.check_position("position", position, n, seq)
+        position = calls.check_position("position", position, n, seq)
         if "rewind_to_zero_noop" in self.bugs and position == 0:
             position = n
         self._truncate(seq, position)
@@ -216,7 +216,7 @@ class SlabCache:
         is_array = isinstance(seq_ids, np.ndarray) and seq_ids.ndim == 1
         if not (is_array or isinstance(seq_ids, list | tuple | range)):
             raise StepError(f"declare_step takes a list or 1-d array of ids, not {seq_ids!r}")
-        ids = [checks.check_live(seq, self._live) for seq in seq_ids]
+        ids = [calls.check_live(seq, self._live) for seq in seq_ids]
         if not 1 <= len(ids) <= self.config.max_width:
             raise StepError(f"a step declares 1 to {self.config.max_width} tokens, not {len(ids)}")
         if len(ids) > self.free_cells:
@@ -234,7 +234,7 @@ class SlabCache:
         if self._declared is None:
             raise StepError("prepare_step() with nothing declared; call declare_step() first")
         seq_ids = self._declared
-        width = checks.check_width(width, len(seq_ids), self.config.max_width)
+        width = calls.check_width(width, len(seq_ids), self.config.max_width)
         rows = np.full((2, width), -1, dtype=np.int32)  # positions, seq_ids
         self._placed = []  # the slab each token had when placed (a later token may grow it)
         for t, seq in enumerate(seq_ids.tolist()):
@@ -256,10 +256,10 @@ class SlabCache:
         float dtype) in row p of each token's slab, rounded to float32, then to the
         storage dtype."""
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        k, v = checks.host_floats("k", k), checks.host_floats("v", v)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        k, v = arrays.host_floats("k", k), arrays.host_floats("v", v)
         shape = (step.width, self.config.n_kv_heads, self.config.head_dim)
-        checks.check_shape("k", k.shape, shape), checks.check_shape("v", v.shape, shape)
+        values.check_shape("k", k.shape, shape), values.check_shape("v", v.shape, shape)
         dtype = self.config.storage_dtype
         k, v = (np.asarray(x, dtype=np.float32).astype(dtype) for x in (k, v))
         n = step.width if "padding_kv_written" in self.bugs else step.n_tokens
@@ -284,15 +284,15 @@ class SlabCache:
         Padding rows give 0. Requires write(layer, ...) in this step.
         """
         step = self._current_step()
-        layer = checks.check_layer(layer, self.config.n_layers)
-        checks.check_mode(mode)
+        layer = calls.check_layer(layer, self.config.n_layers)
+        calls.check_mode(mode)
         if layer not in self._written and "attend_before_write_accepted" not in self.bugs:
             raise StepError(f"attend({layer}) before write({layer}) in this step")
-        q = checks.host_floats("q", q).astype(np.float32)
-        n_heads = checks.check_query(q.shape, step.width, self.config)
-        scale = checks.check_scale(scale, self.config.head_dim)
+        q = arrays.host_floats("q", q).astype(np.float32)
+        n_heads = calls.check_query(q.shape, step.width, self.config)
+        scale = calls.check_scale(scale, self.config.head_dim)
         if "scale_ignored" in self.bugs:
-            scale = checks.default_scale(self.config.head_dim)
+            scale = calls.default_scale(self.config.head_dim)
         n_kv, window = self.config.n_kv_heads, self.config.windows[layer]
         heads = np.arange(n_heads)
         kv_head = heads % n_kv if "gqa_mapping" in self.bugs else heads // (n_heads // n_kv)
@@ -317,7 +317,7 @@ class SlabCache:
 
     def pos(self, seq: int) -> int:
         """Positions `seq` holds: the position (and slab row) its next token gets."""
-        return len(self._cells[checks.check_live(seq, self._live)])
+        return len(self._cells[calls.check_live(seq, self._live)])
 
     @property
     def live_seqs(self) -> list[int]:
@@ -335,7 +335,7 @@ class SlabCache:
 
     def slab_rows(self, seq: int) -> int:
         """Rows of `seq`'s slab: initial_rows, doubled as it grew; at least pos(seq)."""
-        return self._slabs[checks.check_live(seq, self._live)].rows
+        return self._slabs[calls.check_live(seq, self._live)].rows
 
     def check_invariants(self) -> None:
         """Raises AssertionError unless each cell's count is the number of live sequences

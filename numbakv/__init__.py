@@ -1,11 +1,12 @@
 """numbakv: a cell-layout KV cache for numba.cuda, with a NumPy reference.
 
+    numbakv.core       the contract's shared types and checks: errors, formats, config, checks,
+                       snapshot, observer hook, strict .npz reading, saved sequences, arrays
     numbakv.reference  the oracle: the NumPy reference cell cache (no numba)
     numbakv.cache      the device cell cache: host table, pool, buffers, kernels, captures
     numbakv.device_model  the serving model's forward on the device (numba.cuda)
     numbakv.serve      model, sampling, scheduler, executor, engine, lockstep (no numba)
     numbakv.trace      recording a cache's table over a workload, and its file (no numba)
-    numbakv.state      a sequence's K/V saved from a cache and loaded into one (no numba)
     numbakv.viz        occupancy pictures (no numba)
     numbakv.integrations  other libraries' models served through numbakv (transformers)
     numbakv.testing    the conformance kit: hold a cache or a kernel of yours to the contract
@@ -20,9 +21,9 @@ but the device cache and the device model stays numba-free. The first use of `Ce
 from importlib import import_module
 from pathlib import Path
 
-from numbakv import _checkout, _deprecated
+from numbakv import _checkout
 
-__version__ = "0.14.0"
+__version__ = "1.0.0"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
@@ -31,20 +32,20 @@ _EXPORTS = {
     "StepGraph": "numbakv.cache.graph",
     "DeviceModel": "numbakv.device_model.model",
     "device_info": "numbakv.cache.cuda",
-    "CacheConfig": "numbakv.config",
-    "bits_per_value": "numbakv.formats",
-    "Snapshot": "numbakv.snapshot",
-    "SeqState": "numbakv.state",
-    "CacheError": "numbakv.errors",
-    "ConfigError": "numbakv.errors",
-    "SequenceError": "numbakv.errors",
-    "CapacityError": "numbakv.errors",
-    "AllocationError": "numbakv.errors",
-    "StepError": "numbakv.errors",
-    "BindingError": "numbakv.errors",
-    "TraceError": "numbakv.errors",
-    "StateError": "numbakv.errors",
-    "ObserverError": "numbakv.errors",
+    "CacheConfig": "numbakv.core.config",
+    "bits_per_value": "numbakv.core.formats",
+    "Snapshot": "numbakv.core.snapshot",
+    "SeqState": "numbakv.core.seq_state",
+    "CacheError": "numbakv.core.errors",
+    "ConfigError": "numbakv.core.errors",
+    "SequenceError": "numbakv.core.errors",
+    "CapacityError": "numbakv.core.errors",
+    "AllocationError": "numbakv.core.errors",
+    "StepError": "numbakv.core.errors",
+    "BindingError": "numbakv.core.errors",
+    "TraceError": "numbakv.core.errors",
+    "StateError": "numbakv.core.errors",
+    "ObserverError": "numbakv.core.errors",
     "Recorder": "numbakv.trace.recorder",
     "Trace": "numbakv.trace.frames",
     "load_trace": "numbakv.trace.frames",
@@ -74,7 +75,6 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-_deprecated.install()
 _checkout.install(Path(__file__).resolve().parent)
 
 

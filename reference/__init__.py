@@ -1,13 +1,11 @@
 """numbakv.reference: the NumPy reference cell cache, the oracle every device result is held to.
 
-Imports no numba. Same public API and errors as `numbakv`; host arrays everywhere.
+Imports no numba. Same public API and errors as `numbakv.CellCache`; host arrays everywhere.
+Its config, snapshot and errors are the shared types: `numbakv.CacheConfig`, `numbakv.Snapshot`.
 """
-
-from numbakv.config import CacheConfig
-from numbakv.snapshot import Snapshot
 
 from .attention import solo_attention
 from .cache import CellCache
 from .step import Step
 
-__all__ = ["CacheConfig", "CellCache", "Snapshot", "Step", "solo_attention"]
+__all__ = ["CellCache", "Step", "solo_attention"]

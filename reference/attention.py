@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from numbakv.checks import default_scale
+from numbakv.core.calls import default_scale
 
 from .storage import to_float32
 

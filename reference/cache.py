@@ -2,22 +2,22 @@
 
 import numpy as np
 
-from numbakv import tensors
-from numbakv.checks import (
+from numbakv.core import arrays
+from numbakv.core.arrays import host_floats
+from numbakv.core.calls import (
     check_declaration,
     check_layer,
     check_mode,
     check_query,
     check_scale,
-    check_shape,
     check_width,
-    host_floats,
 )
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, ConfigError, StepError
-from numbakv.observe import Observable, check_cells, locked
-from numbakv.snapshot import Snapshot
-from numbakv.state.seq_state import SeqState, check_onto, check_room, check_start, load_plan
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError, ConfigError, StepError
+from numbakv.core.observe import Observable, check_cells, locked
+from numbakv.core.seq_state import SeqState, check_onto, check_room, check_start, load_plan
+from numbakv.core.snapshot import Snapshot
+from numbakv.core.values import check_shape
 
 from . import saved
 from .attention import attend_cells, attend_gathered
@@ -41,7 +41,7 @@ class CellCache(Observable):
            [1, 1, 0],
            [0, 0, 1]], dtype=uint8)
 
-    Every verb is atomic: when it raises (an error of `numbakv.errors`), nothing changed.
+    Every verb is atomic: when it raises (an error of `numbakv.core.errors`), nothing changed.
     Every verb except `seq_new` makes the last prepared `Step` stale, and every verb that
     changes the table (all but `seq_new` and `declare_step`) drops a pending declaration.
     Observers (`add_observer`) hear of every verb that succeeded. Thread-safe: every verb, step
@@ -187,7 +187,7 @@ class CellCache(Observable):
         """Writes the step's K and V rows into their cells of `layer`: rounded to float32,
         then stored in the layer's formats (docs/contract.md §4.1).
 
-        k, v : [width, n_kv_heads, head_dim], any real float dtype (`checks.host_floats`);
+        k, v : [width, n_kv_heads, head_dim], any real float dtype (`arrays.host_floats`);
                padded rows are skipped. Both are checked before either is written.
         """
         step = self._current_step()
@@ -207,7 +207,7 @@ class CellCache(Observable):
         self, layer: int, q, scale: float | None = None, mode: str = "gathered", *, out=None
     ) -> np.ndarray:
         """[width, n_heads, head_dim] float32: each token's attention over the cells it sees;
-        a CPU torch tensor in q's dtype when q is one (`numbakv.tensors`), `out` when given.
+        a CPU torch tensor in q's dtype when q is one (`numbakv.core.arrays`), `out` when given.
 
         q     : [width, n_heads, head_dim], n_heads a multiple of n_kv_heads; query head h
                 reads KV head h // (n_heads // n_kv_heads)
@@ -238,11 +238,9 @@ class CellCache(Observable):
         check_query(q.shape, step.width, self.config)
         scale = check_scale(scale, self.config.head_dim)
         if out is not None:
-            out = tensors.check_host_out(out, q.shape)
+            out = arrays.check_host_out(out, q.shape)
         result = self._attend(layer, q.astype(np.float32), scale, mode)
-        return (
-            tensors.host_result(caller, result) if out is None else tensors.write_into(out, result)
-        )
+        return arrays.host_result(caller, result) if out is None else arrays.write_into(out, result)
 
     def _attend(self, layer: int, q: np.ndarray, scale: float, mode: str) -> np.ndarray:
         """The checked call's result, [width, n_heads, head_dim] float32."""

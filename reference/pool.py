@@ -4,9 +4,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError
-from numbakv.formats import ARRAY_DTYPES
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError
+from numbakv.core.formats import ARRAY_DTYPES
 
 from .storage import to_storage
 

@@ -12,7 +12,7 @@ fp8 stores NaN as 0x7F and ±inf as ±448.
 
 import numpy as np
 
-from numbakv.formats import BLOCK, FP8_MAX
+from numbakv.core.formats import BLOCK, FP8_MAX
 
 HALF_NAN = np.uint16(0x7E00)  # the float16 NaN a NaN block's scale holds
 FP8_NAN = np.uint8(0x7F)

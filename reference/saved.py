@@ -3,8 +3,8 @@
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.state import Geometry, SeqState
+from numbakv.core.config import CacheConfig
+from numbakv.core.seq_state import Geometry, SeqState
 
 from .pool import KVPool
 from .storage import to_float32

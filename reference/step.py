@@ -3,8 +3,8 @@ each mask computed when it is first read."""
 
 import numpy as np
 
-from numbakv.checks import check_window
-from numbakv.errors import StepError
+from numbakv.core.calls import check_window
+from numbakv.core.errors import StepError
 
 
 def window_mask(

@@ -31,7 +31,7 @@ def bfloat16_values(bits: np.ndarray) -> np.ndarray:
 
 def to_storage(x: np.ndarray, dtype: str, scales: np.ndarray | None = None) -> np.ndarray:
     """Values [n, n_kv_heads, head_dim] float32 as a pool of format `dtype` stores them,
-    [n, n_kv_heads, row_width] (`numbakv.formats`); scales: fp8's [n_kv_heads] float32."""
+    [n, n_kv_heads, row_width] (`numbakv.core.formats`); scales: fp8's [n_kv_heads] float32."""
     x = np.asarray(x, dtype=np.float32)
     if dtype == "bfloat16":
         return bfloat16_bits(x)

@@ -3,10 +3,10 @@ an owner bitset, per id a live flag and the positions it holds."""
 
 import numpy as np
 
-from numbakv.checks import check_live, check_position
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError
-from numbakv.snapshot import Snapshot
+from numbakv.core.calls import check_live, check_position
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError
+from numbakv.core.snapshot import Snapshot
 
 
 class CellTable:

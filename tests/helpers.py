@@ -7,8 +7,9 @@ import re
 import ml_dtypes
 import numpy as np
 
-from numbakv.config import TOLERANCE
-from numbakv.reference import CacheConfig, CellCache, solo_attention
+from numbakv import CacheConfig
+from numbakv.core.config import TOLERANCE
+from numbakv.reference import CellCache, solo_attention
 from numbakv.reference.pool import numpy_allocator
 from numbakv.serve.model import Model, ModelConfig, rms_norm, rotate, silu
 from numbakv.serve.sampling import GREEDY, sample_token

@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from numbakv.errors import ConfigError
-from numbakv.reference import CacheConfig
+from numbakv import CacheConfig
+from numbakv.core.errors import ConfigError
 
 GOOD = dict(n_layers=2, n_kv_heads=2, head_dim=8, capacity=64, max_width=16, max_seqs=4)
 

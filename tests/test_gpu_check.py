@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from numbakv.config import TOLERANCE
+from numbakv.core.config import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["part", "case", "us", "GB/s", "of copy", "TFLOP/s", "model", "sdpa us", "sdpa rate",

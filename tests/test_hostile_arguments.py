@@ -6,11 +6,11 @@ import pytest
 
 import numbakv
 import numbakv.testing
+from numbakv import Recorder
 from numbakv.cli import main
-from numbakv.errors import AllocationError
-from numbakv.paths import existing_file, new_file
+from numbakv.core.errors import AllocationError
+from numbakv.core.paths import existing_file, new_file
 from numbakv.reference import CellCache as RefCache
-from numbakv.trace import Recorder
 
 from helpers import small_config
 

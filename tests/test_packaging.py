@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 import numbakv
-from numbakv import errors
+from numbakv.core import errors
 
 
 @pytest.mark.parametrize(
     "module",
     [
         "numbakv",
-        "numbakv.errors",
-        "numbakv.config",
+        "numbakv.core.errors",
+        "numbakv.core.config",
         "numbakv.reference",
         "numbakv.trace",
         "numbakv.viz",
@@ -70,57 +70,32 @@ def test_the_device_cache_imports_without_a_device_context(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-MOVED = textwrap.dedent(
-    """
-    import json, sys, warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        import numbakv.trace_file, numbakv.trace.file
-        from numbakv.trace_scan import replay_codes
-        from numbakv.cli_viz import add_command
-        import numbakv.demo
-    import numbakv.cli.demo, numbakv.cli.viz, numbakv.trace.scan
-    print(json.dumps({
-        "same": numbakv.trace_file is numbakv.trace.file
-        and replay_codes is numbakv.trace.scan.replay_codes
-        and add_command is numbakv.cli.viz.add_command
-        and sys.modules["numbakv.demo"] is numbakv.cli.demo
-        and numbakv.trace.file.__spec__.name == "numbakv.trace.file",
-        "warnings": [str(w.message) for w in caught if w.category is DeprecationWarning],
-        "lines": [w.lineno for w in caught if w.category is DeprecationWarning],
-    }))
-    """
-)
-
-
-def test_moved_modules_still_import_and_warn(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", MOVED], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["same"]
-    assert result["warnings"] == [
-        f"numbakv.{old} is numbakv.{new} since numbakv 0.6; numbakv.{old} goes in 0.7"
-        for old, new in [
-            ("trace_file", "trace.file"),
-            ("trace_scan", "trace.scan"),
-            ("cli_viz", "cli.viz"),
-            ("demo", "cli.demo"),
-        ]
-    ]
-    assert result["lines"] == [5, 6, 7, 8]  # each warning names the line that imported
-
-
 @pytest.mark.parametrize(
-    "old", ["numbakv.model", "numbakv.executor", "numbakv.table", "numbakv.kernels.masks"]
+    "old",
+    [
+        *("numbakv.model", "numbakv.executor", "numbakv.table", "numbakv.kernels.masks"),  # 0.1
+        *("numbakv.trace_file", "numbakv.trace_scan", "numbakv.cli_viz", "numbakv.demo"),  # 0.5
+        *(f"numbakv.{name}" for name in ("checks", "config", "config_formats", "tensors")),  # 0.14
+        *(f"numbakv.{name}" for name in ("dlpack", "state", "errors", "formats", "_deprecated")),
+    ],
 )
-def test_the_paths_of_0_1_are_gone(old, tmp_path):
+def test_old_paths_are_gone(old, tmp_path):
     code = f"import {old}"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr, done.stderr
+
+
+def test_renamed_attributes_and_keywords_are_gone():
+    from numbakv.core.snapshot import Snapshot
+    from numbakv.device_model import kernels
+    from numbakv.serve.model import Model
+    from numbakv.serve.requests import Completion, TokenEvent
+
+    assert not any(hasattr(cls, "request") for cls in (TokenEvent, Completion))
+    assert not hasattr(Snapshot, "live_ids") and not hasattr(kernels, "ROWS")
+    assert "rows" not in Model.forward.__code__.co_varnames
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +165,7 @@ def test_error_hierarchy():
 
 
 def test_lazy_exports_resolve():
-    from numbakv.config import CacheConfig
+    from numbakv.core.config import CacheConfig
 
     assert numbakv.CacheConfig is CacheConfig
     assert numbakv.StepError is errors.StepError
@@ -201,10 +176,17 @@ def test_lazy_exports_resolve():
         numbakv.NoSuchName  # noqa: B018
 
 
-def test_reference_shares_the_config_class():
+def test_each_public_name_has_one_path():
+    import numbakv.cache
     import numbakv.reference
+    import numbakv.testing
+    import numbakv.trace
 
-    assert numbakv.reference.CacheConfig is numbakv.CacheConfig
+    # a subpackage names its own objects only: none is also one of numbakv's names
+    assert not hasattr(numbakv.reference, "CacheConfig") and not hasattr(numbakv.trace, "Recorder")
+    for package in (numbakv.reference, numbakv.trace, numbakv.cache, numbakv.testing):
+        for name in package.__all__:
+            assert getattr(package, name) is not getattr(numbakv, name, None), (package, name)
 
 
 def test_reference_docstrings_run():
@@ -214,35 +196,6 @@ def test_reference_docstrings_run():
 
     result = doctest.testmod(numbakv.reference.cache)
     assert result.attempted > 0 and result.failed == 0
-
-
-def test_renamed_attributes_and_keywords_still_work_and_warn():
-    import numpy as np
-
-    from numbakv.reference import CellCache
-    from numbakv.serve.model import Model, ModelConfig
-    from numbakv.serve.requests import Completion, RequestMetrics, TokenEvent
-
-    event = TokenEvent(3, 0, 7, np.zeros(2, np.float32), None)
-    done = Completion(4, [1], [[2]], ["length"], RequestMetrics(None, None, 1, 1))
-    model = Model.from_seed(ModelConfig(d_model=8, n_heads=2, n_kv_heads=1, head_dim=4,
-                                        d_ff=8, windows=(0,)), 0)  # fmt: skip
-    cache = CellCache(model.config.cache_config(capacity=8, max_width=4, max_seqs=1))
-    cache.declare_step([cache.seq_new()] * 2)
-    step = cache.prepare_step()
-    snapshot = cache.snapshot()
-    with pytest.warns(DeprecationWarning, match=r"TokenEvent\.request is TokenEvent\.request_id"):
-        assert event.request == event.request_id == 3
-    with pytest.warns(DeprecationWarning, match=r"Completion\.request is Completion\.request_id"):
-        assert done.request == done.request_id == 4
-    with pytest.warns(DeprecationWarning, match=r"Snapshot\.live_ids is Snapshot\.live_seqs"):
-        assert snapshot.live_ids.tolist() == snapshot.live_seqs.tolist() == [0]
-    with pytest.warns(DeprecationWarning, match=r"Model\.forward\(rows=\) is Model\.forward\("):
-        old = model.forward(cache, step, [1, 2], rows=[1])
-    cache.rewind(0, 0)
-    cache.declare_step([0, 0])
-    step = cache.prepare_step()
-    np.testing.assert_array_equal(old, model.forward(cache, step, [1, 2], logits_at=[1]))
 
 
 def test_every_package_of_the_checkout_is_installed():

@@ -13,8 +13,8 @@ its holder keep the request's colour.
 
 import numpy as np
 
-from numbakv.snapshot import FREE, Snapshot, owner_codes
-from numbakv.trace import Trace
+from numbakv.core.snapshot import FREE, Snapshot, owner_codes
+from numbakv.trace.frames import Trace
 from numbakv.trace.scan import TableReplay, change_frames, id_words
 
 CACHED = -4  # the code (and pixel label) of a cell every owner of which is a holder

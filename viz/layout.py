@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from numbakv.trace import Trace
+from numbakv.trace.frames import Trace
 
 from .owners import (
     CACHED_COLOUR,

@@ -5,7 +5,7 @@ import numpy as np
 from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
 
-from numbakv.trace import Trace
+from numbakv.trace.frames import Trace
 
 from .holders import CACHED
 from .layout import axes_pixels, bin_size, block_grid, need_steps, owner_legend, shade, span

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.colors import to_rgb
 
-from numbakv.snapshot import Snapshot
-from numbakv.trace import Trace
+from numbakv.core.snapshot import Snapshot
+from numbakv.trace.frames import Trace
 from numbakv.trace.scan import change_frames, previous_changes, request_table
 
 from .holders import CACHED, cell_changes, holder_table

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 from matplotlib.figure import Figure
 
-from numbakv.trace import Trace
+from numbakv.trace.frames import Trace
 from numbakv.trace.scan import sequence_runs
 
 from .layout import axes_pixels, bin_size, need_steps, new_figure, span

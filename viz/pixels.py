@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.snapshot import FREE, SHARED
-from numbakv.trace import Trace, TraceStep
+from numbakv.core.snapshot import FREE, SHARED
+from numbakv.trace import TraceStep
+from numbakv.trace.frames import Trace
 from numbakv.trace.scan import owner_bits, replay_codes
 
 from .holders import CACHED, cell_changes

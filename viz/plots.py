@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from numbakv.snapshot import FREE, Snapshot
-from numbakv.trace import Trace
+from numbakv.core.snapshot import FREE, Snapshot
+from numbakv.trace.frames import Trace
 
 from .holders import CACHED, table_codes
 from .layout import (

@@ -3,7 +3,7 @@
 import string
 from collections.abc import Callable, Mapping
 
-from numbakv.snapshot import FREE, SHARED, Snapshot
+from numbakv.core.snapshot import FREE, SHARED, Snapshot
 
 SEQ_CHARS = string.ascii_lowercase + string.ascii_uppercase
 CHARS = {FREE: ".", SHARED: "*"}

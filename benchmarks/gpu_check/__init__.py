@@ -15,7 +15,7 @@ when any part failed. The parts, in the order they run:
                   16 x 32k in float16 (while 300 s of the run are left), GQA 8 and 4 (8 KV
                   heads, head_dim 128), gathered (float16 masked too): the median time of a
                   launch (CUDA events on the step's stream), the K/V bytes the tokens see in
-                  that format (numbakv.formats.head_bytes, scales included) / that time, and
+                  that format (numbakv.core.formats.head_bytes, scales included) / that time, and
                   that / the copy's bandwidth; then one prefill step of 8 sequences x 2k new
                   tokens (GQA 4, float16, gathered): its TFLOP/s (4 x head_dim x n_heads x
                   the cells each token sees, summed, / time). Beside each: torch's
@@ -27,7 +27,7 @@ when any part failed. The parts, in the order they run:
                   "n/a" with the reason under the table without ptxas/nvdisasm, "sim" on the
                   simulator. Every output checked against numbakv.reference's solo oracle
                   over the K/V as the format stores them, within
-                  numbakv.config.TOLERANCE["float32"] (the kernels compute in float32)
+                  numbakv.core.config.TOLERANCE["float32"] (the kernels compute in float32)
     decode step   one decode step through 32 layers with device inputs and no model
                   (declare_step, prepare_step, then write + attend per layer): the host's
                   wall clock until the last launch returns, CUDA events over the step, and

@@ -17,7 +17,7 @@ from benchmarks.gpu_check.fill import RandomKV, prefilled_cache
 from benchmarks.gpu_check.prefill import prefill_case
 from benchmarks.gpu_check.run import ERR_BOUND, LONG_CASE_S, Run
 from benchmarks.gpu_check.torch_sdpa import SDPA_FORMATS, dense_kv, sdpa_cells, torch_sdpa
-from numbakv.formats import head_bytes
+from numbakv.core.formats import head_bytes
 
 
 def part_copy(run: Run) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.gpu_check.run import Run
-from numbakv.formats import ARRAY_DTYPES
+from numbakv.core.formats import ARRAY_DTYPES
 
 BATCHES = 2  # compile batches at a time, each of up to 2 compile subprocesses
 WAIT_S = 240  # seconds `fill` waits for the batches at most (less when the run has less left)

@@ -42,10 +42,10 @@ def prefilled_cache(
     history: int, seed: int, dtype: str = "float16",
 ) -> tuple:  # fmt: skip
     """(cache, sequences, K/V, prefill steps taken): a device cache of storage format `dtype`
-    (`numbakv.formats`) of `batch` sequences of up to `max_seq_len` positions, room for them
+    (`numbakv.core.formats`) of `batch` sequences of up to `max_seq_len` positions, room for them
     all allocated up front, each sequence prefilled with `history` positions of float16 K/V
     (the same ones for the same seed and shapes, whatever `dtype`)."""
-    from numbakv.config import CacheConfig
+    from numbakv.core.config import CacheConfig
 
     s = run.shapes
     capacity = max(batch * max_seq_len, s.chunk)

@@ -16,7 +16,7 @@ from benchmarks.gpu_check.run import Run
 def build(run: Run, batch: int) -> tuple:
     """(device model, cache, its `batch` sequences) after a prefill of `model_history` tokens
     each (eager forwards)."""
-    from numbakv.device_model import DeviceModel
+    from numbakv import DeviceModel
     from numbakv.serve.model import Model, ModelConfig
 
     s = run.shapes

@@ -16,7 +16,7 @@ from benchmarks.gpu_check.estimate import Estimates, attention_flop
 from benchmarks.gpu_check.fill import RandomKV
 from benchmarks.gpu_check.run import ERR_BOUND, Run
 from benchmarks.gpu_check.torch_sdpa import dense_kv, sdpa_cells, torch_sdpa_prefill
-from numbakv.formats import head_bytes
+from numbakv.core.formats import head_bytes
 
 FORMAT = "float16"
 
@@ -24,7 +24,7 @@ FORMAT = "float16"
 def prefill_case(run: Run, estimates: Estimates) -> None:
     """The prefill step of the run's shapes (`Shapes.prefill`), timed, checked, and its row
     added: µs, TFLOP/s, torch's, the estimate's."""
-    from numbakv.config import CacheConfig
+    from numbakv.core.config import CacheConfig
 
     s, cuda = run.shapes, run.device.cuda
     n_seqs, new, group = s.prefill

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import timed
-from numbakv.config import TOLERANCE
+from numbakv.core.config import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 LIMIT_S = 480  # the whole run on a GPU
@@ -76,7 +76,7 @@ class Device:
     """numba.cuda as numbakv chose it (NUMBAKV_DEVICE, set before numba is imported)."""
 
     def __init__(self) -> None:
-        from numbakv.cache import CellCache
+        from numbakv import CellCache
         from numbakv.cache.cuda import IS_SIMULATOR, cuda
 
         self.cuda, self.is_simulator, self.CellCache = cuda, IS_SIMULATOR, CellCache

@@ -17,7 +17,7 @@ import numpy as np
 
 from benchmarks.launch_budget.rules import Case, Measurement
 from numbakv.cache.cuda import cuda
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.testing.launches import DeviceCalls, count_device_calls
 
 N_KV_HEADS, N_HEADS, HEAD_DIM = 2, 4, 16
@@ -160,7 +160,7 @@ def windows_for(n_layers: int) -> tuple[int, ...]:
 def build(n_layers: int = 4, seed: int = 0) -> Bench:
     """The cache (built under a counter, so the streams it makes are known), 4 sequences and
     their HISTORY, prefilled one sequence a step with K/V written to every layer."""
-    from numbakv.cache import CellCache
+    from numbakv import CellCache
 
     config = CacheConfig(
         n_layers=n_layers,

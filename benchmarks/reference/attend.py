@@ -16,7 +16,8 @@ import statistics
 import numpy as np
 
 from benchmarks.common import timed
-from numbakv.reference import CacheConfig, CellCache
+from numbakv import CacheConfig
+from numbakv.reference import CellCache
 
 SYSTEM, WIDTH = 512, 256
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from benchmarks.common import print_table
 from benchmarks.reference import HEAD_DIM, N_HEADS, N_KV_HEADS, windows_for
-from numbakv.reference import CacheConfig, CellCache
+from numbakv import CacheConfig
+from numbakv.reference import CellCache
 
 
 def part_long_run(args: argparse.Namespace) -> None:

@@ -26,7 +26,8 @@ import numpy as np
 from benchmarks.common import KI, MI, cells_label, mib, print_machine, print_table
 from benchmarks.reference import HEAD_DIM, N_HEADS, N_KV_HEADS, windows_for
 from benchmarks.reference.long_run import part_long_run
-from numbakv.reference import CacheConfig, CellCache
+from numbakv import CacheConfig
+from numbakv.reference import CellCache
 
 MAX_WIDTH = 64
 WINDOW = 128

@@ -1,25 +1,20 @@
 """numbakv.cache: the device cell cache — the njit host table, the pool, the fixed buffers and
 the numba.cuda kernels — behind `CellCache`.
 
-Importing this package imports nothing: `CellCache`, `Step`, `StepBuffers`, `DevicePool`,
-`device_info` and `device_address` are resolved on first use (which picks the device and
-imports numba.cuda), and `numbakv.cache.table` is the host table alone, with numba's njit but no
-numba.cuda. It never imports `numbakv.reference` or `numbakv.serve`.
+Its public classes are `numbakv`'s names (`numbakv.CellCache`, `Step`, `Bindings`,
+`StepGraph`, `device_info`). Importing this package imports nothing: `StepBuffers`,
+`DevicePool`, `device_allocator`, `HostTable` and `device_address` are resolved on first use
+(which picks the device and imports numba.cuda), and `numbakv.cache.table` is the host table
+alone, with numba's njit but no numba.cuda. It never imports `numbakv.reference` or `numbakv.serve`.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "CellCache": "numbakv.cache.cellcache",
-    "default_scale": "numbakv.checks",
-    "Step": "numbakv.cache.step",
-    "Bindings": "numbakv.cache.bindings",
-    "StepGraph": "numbakv.cache.graph",
     "StepBuffers": "numbakv.cache.buffers",
     "DevicePool": "numbakv.cache.pool",
     "device_allocator": "numbakv.cache.pool",
     "HostTable": "numbakv.cache.table",
-    "device_info": "numbakv.cache.cuda",
     "device_address": "numbakv.cache.cuda",
 }
 

@@ -3,7 +3,7 @@ and the check that says what moved since."""
 
 from dataclasses import dataclass
 
-from numbakv.errors import BindingError
+from numbakv.core.errors import BindingError
 
 
 @dataclass(frozen=True)

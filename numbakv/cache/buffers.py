@@ -5,7 +5,7 @@ import numpy as np
 
 from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, ROWS, SCALARS, SEQ_IDS, columns
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 
 N_STAGES = 2  # pinned staging slots: a step is staged while the last one's upload may still run
 

@@ -17,15 +17,15 @@ from numbakv.cache.lending import Lender
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import ALLOCATION_ERRORS, Allocator, DevicePool, device_allocator
 from numbakv.cache.saving import Saver
-from numbakv.cache.step import Step
-from numbakv.cache.stepping import Progress, Stepper
+from numbakv.cache.step import Progress, Step
+from numbakv.cache.stepping import Stepper
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, ConfigError
-from numbakv.observe import Observable, check_cells, locked
-from numbakv.snapshot import Snapshot
-from numbakv.state import SeqState
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError, ConfigError
+from numbakv.core.observe import Observable, check_cells, locked
+from numbakv.core.seq_state import SeqState
+from numbakv.core.snapshot import Snapshot
 
 
 class CellCache(Observable):
@@ -216,7 +216,7 @@ class CellCache(Observable):
                 it, then reused, allocation-free once warm), whose
                 `__cuda_array_interface__` names that stream, so
                 `torch.as_tensor(out, device="cuda")` or `cupy.asarray(out)` wraps it.
-        Returned in the caller's kind (`numbakv.tensors`): a torch `out` as itself; for a
+        Returned in the caller's kind (`numbakv.core.arrays`): a torch `out` as itself; for a
         CUDA torch q and no `out`, a new torch tensor in q's dtype on q's device that the
         kernel writes (no copy); for a CPU torch q, a CPU torch tensor in q's dtype (the
         result copied to the host, the stream synchronized); else the numba device array.

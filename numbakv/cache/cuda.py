@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from numbakv.cache.device import IS_SIMULATOR, MODE
-from numbakv.dlpack import Exported, host_view, storage_dtype
+from numbakv.core.arrays import Exported, host_view, storage_dtype
 
 from numba import cuda  # isort: skip  (only after the device module set NUMBA_ENABLE_CUDASIM)
 
@@ -240,7 +240,7 @@ def is_done(event) -> bool:
 def wrap_export(exported: Exported):
     """A numba device array over a DLPack export's memory, no copy (bfloat16 as its uint16
     patterns); it holds the exporter alive. The simulator's device memory is host memory, so
-    there the export's address is read as a host buffer (`dlpack.host_view`)."""
+    there the export's address is read as a host buffer (`arrays.host_view`)."""
     if IS_SIMULATOR:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 

@@ -15,7 +15,7 @@ import ctypes
 import os
 import sys
 
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
 
 MODES = ("auto", "gpu", "sim", "compile")
 

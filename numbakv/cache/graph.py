@@ -19,16 +19,13 @@ which is then launched once so that the captured step's outputs exist as after a
 import functools
 from collections.abc import Callable
 from threading import RLock
-from typing import TYPE_CHECKING
 
 from numbakv.cache.bindings import Bindings, check_bindings
 from numbakv.cache.cuda import IS_SIMULATOR, begin_graph, launch_graph, stream_handle
 from numbakv.cache.kernels.launch import is_recording, launch, recording
-from numbakv.errors import StepError
-from numbakv.observe import locked
-
-if TYPE_CHECKING:  # stepping, which keeps the Progress, imports this module
-    from numbakv.cache.stepping import Progress
+from numbakv.cache.step import Progress
+from numbakv.core.errors import StepError
+from numbakv.core.observe import locked
 
 BACKENDS = ("auto", "record", "graph")
 
@@ -149,7 +146,7 @@ class Captures:
     `StepGraph` replays.
     """
 
-    def __init__(self, progress: "Progress", bindings: Callable[[], Bindings], lock: RLock):
+    def __init__(self, progress: Progress, bindings: Callable[[], Bindings], lock: RLock):
         self._progress, self._bindings, self._lock = progress, bindings, lock
         self._capturing = False
 

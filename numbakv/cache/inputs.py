@@ -5,7 +5,7 @@ axis must be contiguous); and the `out=` array `attend` writes into, strided ali
 
 Device tensors arrive three ways, tried in this order: a numba device array (float32 or
 float16) as it is; an object exporting DLPack from device memory (torch, CuPy, JAX; float32,
-float16 or bfloat16, which `__cuda_array_interface__` cannot carry; `numbakv.dlpack`), read
+float16 or bfloat16, which `__cuda_array_interface__` cannot carry; `numbakv.core.arrays`), read
 as a numba view of its memory, bfloat16 as uint16 bit patterns (`storage.IO_KINDS`); else
 `__cuda_array_interface__` (float32 or float16). A uint16 numba array is never taken as
 bfloat16: only an export says a tensor holds bfloat16.
@@ -13,62 +13,39 @@ bfloat16: only an export says a tensor holds bfloat16.
 
 import numpy as np
 
-from numbakv import dlpack, tensors
 from numbakv.cache.cuda import IS_SIMULATOR, cuda, wrap_export
 from numbakv.cache.lending import Lender
-from numbakv.checks import check_shape, host_floats
-from numbakv.errors import StepError
+from numbakv.core import arrays
+from numbakv.core.errors import StepError
+from numbakv.core.values import check_shape
 
 KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # numba arrays the kernels read
 Q_DTYPES = KV_DTYPES  # ... and write as out
-BFLOAT16 = np.dtype(np.uint16)  # the view of an exported bfloat16 tensor: its bit patterns
-
-
-def is_device_array(x) -> bool:
-    """Whether x is a device tensor: a numba device array, device memory exported through
-    DLPack, or `__cuda_array_interface__`."""
-    return hasattr(x, "copy_to_host") or dlpack.is_foreign_device_array(x)
 
 
 def floats(name: str, x, dtypes: tuple[np.dtype, ...]):
     """x checked: a device tensor as a numba device array (its last axis contiguous, one of
     `dtypes`, or an exported bfloat16 tensor's uint16 view), or a host array as NumPy
-    (`checks.host_floats`), not yet uploaded."""
-    if not is_device_array(x):
-        return host_floats(name, x)
+    (`arrays.host_floats`), not yet uploaded."""
+    if not arrays.is_device_array(x):
+        return arrays.host_floats(name, x)
     allowed = dtypes
     if hasattr(x, "copy_to_host"):
         pass  # a numba device array, read as it is
-    elif dlpack.exports_device_memory(x):
-        x, allowed = _exported_view(name, x, dtypes), (*dtypes, BFLOAT16)
+    elif arrays.exports_device_memory(x):
+        x, allowed = _exported_view(name, x, dtypes), (*dtypes, arrays.BFLOAT16)
     else:
         x = _numba_view(name, x)
-    try:
-        dtype = np.dtype(x.dtype)
-    except Exception as error:
-        raise StepError(f"{name}: {type(x).__name__} has no readable dtype ({error!r})") from error
-    if dtype not in allowed:
-        raise StepError(
-            f"{name} is a device array of {x.dtype}; give one of {[d.name for d in dtypes]} "
-            "or a bfloat16 tensor through DLPack (host arrays of any float dtype are converted)"
-        )
-    shape, strides = tuple(x.shape), tuple(x.strides)  # the simulator's take no index -1
-    if shape and shape[-1] > 1 and strides[-1] != dtype.itemsize:
-        raise StepError(
-            f"{name} is a device array with strides {strides}: its last axis (head_dim) "
-            "must be contiguous, the others may stride; give a view of such an array or "
-            "a contiguous copy (.contiguous() in torch, cupy.ascontiguousarray)"
-        )
-    return x
+    return arrays.check_device_floats(name, x, allowed)
 
 
 def _exported_view(name: str, x, dtypes: tuple[np.dtype, ...]):
     """A numba view of the device memory x exports through DLPack (bfloat16 as uint16). On
     the simulator, only exports of host memory (no `__cuda_array_interface__`: a real GPU
     tensor has one, or raises for it) are read."""
-    if IS_SIMULATOR and dlpack.has_interface(x):
+    if IS_SIMULATOR and arrays.has_interface(x):
         _numba_view(name, x)  # raises: the simulator cannot read a GPU's memory
-    exported = dlpack.export(name, x)
+    exported = arrays.export(name, x)
     names = [d.name for d in dtypes] + ["bfloat16"]
     if exported.dtype not in names:
         raise StepError(
@@ -108,10 +85,10 @@ def on_device(
         )
     on_gpu = {np.dtype(x.dtype) for x in xs if not isinstance(x, np.ndarray)}
     if len(on_gpu) > 1:
-        names = sorted("bfloat16" if d == BFLOAT16 else d.name for d in on_gpu)
+        names = sorted("bfloat16" if d == arrays.BFLOAT16 else d.name for d in on_gpu)
         raise StepError(f"device arrays of {names} in one call; give them one dtype")
     on_host = {x.dtype for x in xs if isinstance(x, np.ndarray)}
-    if on_host and on_gpu == {BFLOAT16}:
+    if on_host and on_gpu == {arrays.BFLOAT16}:
         raise StepError(
             "a host array beside a bfloat16 device tensor: give both on the device, or both "
             "on the host"
@@ -141,26 +118,11 @@ def output(out, shape: tuple[int, ...], stream, lender: Lender, capturing: bool 
         )
     if out is None:
         return lender.empty(shape, np.float32, stream)
-    if not is_device_array(out):
+    if not arrays.is_device_array(out):
         raise StepError(
             f"out is a {type(out).__name__}; give a float32, float16 or bfloat16 device "
             f"tensor of shape {shape} (cuda.device_array, a torch or CuPy tensor) or None"
         )
     out = floats("out", out, Q_DTYPES)
     check_shape("out", out.shape, shape)
-    return out
-
-
-def returned(caller, given, out, stream):
-    """What `attend` returns (docs/contract.md §5.1), `out` being the device array it wrote:
-    `given` (the caller's `out`, or the torch tensor made for a CUDA torch q) when it is a
-    torch tensor, else `out` when there was one (the numba array or the numba view of
-    another library's export); for a CPU torch q and no `out`, `out` copied to the host as
-    a torch tensor in q's dtype; else `out`."""
-    if given is not None:
-        return given if tensors.is_torch(given) else out
-    if tensors.is_torch(caller):
-        host = out.copy_to_host(stream=stream)
-        stream.synchronize()  # the copy into pageable memory is done before it is read
-        return tensors.host_result(caller, host)
     return out

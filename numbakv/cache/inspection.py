@@ -12,9 +12,9 @@ from numbakv.cache.plans import Plans
 from numbakv.cache.pool import DevicePool
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.checks import check_layer
-from numbakv.config import CacheConfig
-from numbakv.snapshot import Snapshot
+from numbakv.core.calls import check_layer
+from numbakv.core.config import CacheConfig
+from numbakv.core.snapshot import Snapshot
 
 
 @not_while_capturing

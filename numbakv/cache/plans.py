@@ -8,8 +8,8 @@ is one per n_heads.
 
 from numbakv.cache.kernels import attention
 from numbakv.cache.pool import ALLOCATION_ERRORS
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, StepError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError, StepError
 
 
 class Plans:

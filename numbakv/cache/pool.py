@@ -7,8 +7,8 @@ import numpy as np
 
 from numbakv.cache.cuda import DRIVER_ERRORS, cuda
 from numbakv.cache.kernels import storage
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError
 
 Allocator = Callable[[tuple[int, ...], np.dtype], object]  # (shape, dtype) -> device array
 ALLOCATION_ERRORS = (MemoryError, AllocationError, *DRIVER_ERRORS)

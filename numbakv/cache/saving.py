@@ -22,11 +22,17 @@ from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS
 from numbakv.cache.pool import ALLOCATION_ERRORS, DevicePool
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError
-from numbakv.formats import ARRAY_DTYPES, FLOATS
-from numbakv.state import Geometry, SeqState
-from numbakv.state.seq_state import check_onto, check_room, check_start, load_plan
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError
+from numbakv.core.formats import ARRAY_DTYPES, FLOATS
+from numbakv.core.seq_state import (
+    Geometry,
+    SeqState,
+    check_onto,
+    check_room,
+    check_start,
+    load_plan,
+)
 
 ALIGN = 16  # bytes: every section starts on a word of any dtype the kernels read
 

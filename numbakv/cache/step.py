@@ -1,5 +1,5 @@
 """`Step`: one prepared forward of the device cache (docs/contract.md §3), and the handle to
-its buffers."""
+its buffers; `Progress`: the cache's prepared step and what of it has run."""
 
 from collections.abc import Callable
 
@@ -7,8 +7,8 @@ import numpy as np
 
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SEQ_IDS
-from numbakv.checks import check_window
-from numbakv.errors import StepError
+from numbakv.core.calls import check_window
+from numbakv.core.errors import StepError
 
 
 class Step:
@@ -97,3 +97,27 @@ class Step:
                 "declare and prepare a new step"
             )
         return self
+
+
+class Progress:
+    """The prepared step (None before the first and after any verb) and what of it has run:
+    the layers written, whether its masks are. Owns that and reads nothing: the `Stepper`
+    starts and expires steps in it and marks writes and masks, `Captures` reads it to
+    capture a fresh step and marks what a replay ran."""
+
+    def __init__(self) -> None:
+        self.step: Step | None = None
+        self.written: set[int] = set()
+        self.masked = False
+
+    def current(self) -> Step:
+        """The prepared step; StepError when there is none."""
+        if self.step is None:
+            raise StepError("no prepared step; call declare_step() and prepare_step() first")
+        return self.step
+
+    def restart(self, step: Step | None = None) -> None:
+        """The step prepared so far expires; `step` (or none) is prepared, nothing of it run."""
+        if self.step is not None:
+            self.step.expire()
+        self.step, self.written, self.masked = step, set(), False

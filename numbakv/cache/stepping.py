@@ -1,5 +1,6 @@
-"""The device cache's steps (docs/contract.md §3): `Progress`, the prepared step and what of
-it has run, and `Stepper`, which declares, prepares, writes, attends and writes the masks.
+"""The device cache's steps (docs/contract.md §3): `Stepper`, which declares, prepares,
+writes, attends and writes the masks, keeping the prepared step and what of it has run in
+a `Progress` (`numbakv.cache.step`).
 
 Each step call of `CellCache` is one call of its `Stepper`, under the cache's lock; the
 cache refuses them inside a capture where it must and tells its observers itself.
@@ -10,7 +11,6 @@ from threading import RLock
 
 import numpy as np
 
-from numbakv import tensors
 from numbakv.cache import inputs
 from numbakv.cache.buffers import StepBuffers
 from numbakv.cache.graph import not_while_capturing
@@ -20,46 +20,22 @@ from numbakv.cache.kernels.step_buffer import READ_LEN, SCALARS, WIDTH
 from numbakv.cache.lending import Lender
 from numbakv.cache.plans import Plans
 from numbakv.cache.pool import DevicePool
-from numbakv.cache.step import Step
+from numbakv.cache.step import Progress, Step
 from numbakv.cache.streams import Streams
 from numbakv.cache.table import HostTable
-from numbakv.checks import (
-    as_int,
+from numbakv.core import arrays
+from numbakv.core.calls import (
     check_declaration,
     check_layer,
     check_mode,
     check_query,
     check_scale,
-    check_shape,
     check_width,
 )
-from numbakv.config import CacheConfig
-from numbakv.errors import AllocationError, StepError
-from numbakv.observe import locked
-
-
-class Progress:
-    """The prepared step (None before the first and after any verb) and what of it has run:
-    the layers written, whether its masks are. Owns that and reads nothing: the `Stepper`
-    starts and expires steps in it and marks writes and masks, `Captures` reads it to
-    capture a fresh step and marks what a replay ran."""
-
-    def __init__(self) -> None:
-        self.step: Step | None = None
-        self.written: set[int] = set()
-        self.masked = False
-
-    def current(self) -> Step:
-        """The prepared step; StepError when there is none."""
-        if self.step is None:
-            raise StepError("no prepared step; call declare_step() and prepare_step() first")
-        return self.step
-
-    def restart(self, step: Step | None = None) -> None:
-        """The step prepared so far expires; `step` (or none) is prepared, nothing of it run."""
-        if self.step is not None:
-            self.step.expire()
-        self.step, self.written, self.masked = step, set(), False
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import AllocationError, StepError
+from numbakv.core.observe import locked
+from numbakv.core.values import as_int, check_shape
 
 
 class Stepper:
@@ -192,7 +168,7 @@ class Stepper:
         n_heads = check_query(q.shape, step.width, config)
         scale = check_scale(scale, config.head_dim)
         capturing = self._captures_active()
-        if out is None and tensors.is_cuda_tensor(caller) and not capturing:
+        if out is None and arrays.is_cuda_tensor(caller) and not capturing:
             given = out = caller.new_empty(tuple(caller.shape))  # q's dtype, q's device
         out = inputs.output(out, q.shape, step.stream, self._lender, capturing)
         (q,) = inputs.on_device([q], inputs.Q_DTYPES, step.stream, self._lender, capturing)
@@ -216,4 +192,4 @@ class Stepper:
             plan, q, k_pool, v_pool, pool.scales[layer], b.step, view,
             np.float32(scale), out, workspace, step.stream,
         )  # fmt: skip
-        return inputs.returned(caller, given, out, step.stream)
+        return arrays.returned(caller, given, out, step.stream)

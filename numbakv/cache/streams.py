@@ -12,8 +12,8 @@ its own, which orders the work the same way.
 import operator
 
 from numbakv.cache.cuda import IS_SIMULATOR, STREAM_TYPE, cuda, ordering_event
-from numbakv.checks import short_repr
-from numbakv.errors import StepError
+from numbakv.core.errors import StepError
+from numbakv.core.values import short_repr
 
 
 class Streams:

@@ -50,10 +50,10 @@ from numbakv.cache.bittree import (
     tree_set,
 )
 from numbakv.cache.place import ARENA, FREE, OCC, READ_LEN, USED
-from numbakv.checks import check_live, check_position
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError
-from numbakv.snapshot import Snapshot
+from numbakv.core.calls import check_live, check_position
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError
+from numbakv.core.snapshot import Snapshot
 
 
 class HostTable:

@@ -9,7 +9,7 @@ output that could not be written, a replayed cache diverging from the reference 
 crashing: then the shrunk op script is printed on stdout). Every error is one line on
 stderr naming the bad argument or file.
 
-    args    what the commands share: argparse types over `numbakv.checks`, one-line errors
+    args    what the commands share: argparse types over `numbakv.core.calls`, one-line errors
     demo    `numbakv demo`: the serving workload on the device, checked against the reference
     viz     `numbakv viz`: the pictures of a trace
     replay  `numbakv replay`: an op log or trace replayed into a cache beside the reference

@@ -1,5 +1,5 @@
 """What the commands share: the one-line usage error and failure, and the argparse types,
-each a thin adapter over the checks of `numbakv.checks` (their message, as argparse's)."""
+each a thin adapter over the checks of `numbakv.core.calls` (their message, as argparse's)."""
 
 import argparse
 import pkgutil
@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from numbakv.checks import at_most, int_at_least
-from numbakv.errors import ConfigError
-from numbakv.paths import existing_file, new_file
+from numbakv.core.errors import ConfigError
+from numbakv.core.paths import existing_file, new_file
+from numbakv.core.values import at_most, int_at_least
 
 CHECK = "check the folder's permissions and free space"
 

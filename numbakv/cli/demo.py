@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.checks import as_int, int_at_least
 from numbakv.cli.args import CHECK, fail, integer, output_file
-from numbakv.paths import new_file
+from numbakv.core.paths import new_file
+from numbakv.core.values import as_int, int_at_least
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
@@ -32,7 +32,8 @@ from numbakv.serve.model import Model, ModelConfig
 from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.sampling import GREEDY, Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
-from numbakv.trace import Recorder, Trace
+from numbakv.trace.frames import Trace
+from numbakv.trace.recorder import Recorder
 
 MODEL = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64, windows=(0, 8))
 CACHE = dict(capacity=512, max_width=16, max_seqs=8, initial_cells=16, dtype="float16")
@@ -92,8 +93,9 @@ def run(
     ValueError, before any work, for a bad argument (`check_arguments`).
     """
     check_arguments(seed, columns, trace_path)
-    from numbakv.cache import CellCache, device_info  # the device: numba, imported to run
-    from numbakv.device_model import DeviceModel
+    from numbakv.cache.cellcache import CellCache
+    from numbakv.cache.cuda import device_info
+    from numbakv.device_model.model import DeviceModel
 
     model = Model.from_seed(MODEL, seed)
     cache = CellCache(MODEL.cache_config(**CACHE))

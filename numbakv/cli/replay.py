@@ -9,10 +9,10 @@ the cache under test.
 """
 
 import argparse
-import reprlib
 from pathlib import Path
 
 from numbakv.cli.args import factory, input_file
+from numbakv.core.values import short_repr
 
 CACHE_VERBS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear", "declare_step",
                "prepare_step", "write", "attend", "pos")  # fmt: skip
@@ -74,10 +74,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _read(path: Path, parser: argparse.ArgumentParser):
     """(config, ops) of the log or trace at `path`; a usage error when it is neither."""
-    from numbakv.errors import TraceError
+    from numbakv.core.errors import TraceError
     from numbakv.testing.from_trace import trace_ops
-    from numbakv.testing.oplog import check_config_bytes, load_ops
-    from numbakv.trace import load_trace
+    from numbakv.testing.oplog_file import check_config_bytes, load_ops
+    from numbakv.trace.frames import load_trace
 
     try:
         if path.suffix != ".npz":
@@ -104,7 +104,7 @@ def _probe(name: str, make, config, parser: argparse.ArgumentParser):
     missing += [field for field in CACHE_STATE if _get(cache, field) is _MISSING]
     if missing:
         parser.error(
-            f"argument --against: {name}(config) returned {reprlib.repr(cache)} "
+            f"argument --against: {name}(config) returned {short_repr(cache)} "
             f"({type(cache).__name__}), not a cache: it has no {', '.join(missing)} "
             "(see numbakv.testing.protocol.CacheUnderTest)"
         )

@@ -70,8 +70,8 @@ def _check_output(path: Path, kind: str) -> str | None:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from numbakv.errors import TraceError
-    from numbakv.trace import load_trace
+    from numbakv.core.errors import TraceError
+    from numbakv.trace.frames import load_trace
 
     for option, value, kinds in (
         ("--steps", args.steps, ONE_STEP),

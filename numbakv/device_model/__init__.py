@@ -1,4 +1,4 @@
-"""numbakv.device_model: `numbakv.serve.model.Model`'s forward on the device.
+"""numbakv.device_model: `numbakv.serve.model.Model`'s forward on the device, `numbakv.DeviceModel`.
 
     dm = DeviceModel(model, cache.config)
     logits = dm.forward(cache, step, tokens, logits_at)  # [len(logits_at), vocab_size] float32
@@ -19,7 +19,3 @@ copied back (`docs/contract.md §9`). The design:
 - `model`: `DeviceModel`, whose `stage` / `run` / `logits` split a forward into the
   upload, the capturable launches and the copy back.
 """
-
-from numbakv.device_model.model import DeviceModel
-
-__all__ = ["DeviceModel"]

@@ -27,7 +27,6 @@ import math
 
 import numpy as np
 
-from numbakv._deprecated import warn
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import device_function, kernel
 from numbakv.cache.kernels.step_buffer import POSITIONS, STEP
@@ -37,15 +36,6 @@ TOKENS, LOGITS_AT, LIVE = 0, 1, 2  # rows of the inputs buffer
 INPUTS = "int32[:, ::1]"
 TOKEN_MAP = "int32[::1]"
 F1, F2, F3 = "float32[::1]", "float32[:, ::1]", "float32[:, :, ::1]"
-RENAMED = {"ROWS": "LOGITS_AT", "ROW_MAP": "TOKEN_MAP"}  # deprecated name -> its name
-
-
-def __getattr__(name: str) -> object:
-    """A deprecated name of RENAMED: warns, then gives the value of its new name."""
-    if name in RENAMED:
-        warn(f"{__name__}.{name}", f"{__name__}.{RENAMED[name]}")
-        return globals()[RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @kernel([f"void({INPUTS}, {F2}, {F2})"])

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv._deprecated import renamed_keyword
-from numbakv.cache import CellCache
+from numbakv.cache.cellcache import CellCache
 from numbakv.cache.cuda import cuda, is_done, ordering_event
 from numbakv.cache.kernels.launch import launch, launch_dims
-from numbakv.checks import as_int, check_geometry
-from numbakv.config import CacheConfig
+from numbakv.core.calls import check_geometry
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError, StepError
+from numbakv.core.values import as_int
 from numbakv.device_model import kernels
 from numbakv.device_model.kernels import LIVE, LOGITS_AT, TOKENS
 from numbakv.device_model.tiles import tile_grid
 from numbakv.device_model.weights import DeviceWeights, upload
-from numbakv.errors import ConfigError, StepError
 from numbakv.serve.model import Model, check_forward
 
 
@@ -101,7 +101,6 @@ class DeviceModel:
         self._n_logits = 0  # len(logits_at) of the last staged step
         self._staged = None  # the last staged step
 
-    @renamed_keyword("rows", "logits_at", "DeviceModel.forward")
     def forward(self, cache: CellCache, step, tokens, logits_at) -> np.ndarray:
         """[len(logits_at), vocab_size] float32: the logits after the step's tokens
         `logits_at`, as `Model.forward` (the same contract and refusals); `stage`, `run`,
@@ -110,7 +109,6 @@ class DeviceModel:
         self.run(cache, step)
         return self.logits(self._n_logits)
 
-    @renamed_keyword("rows", "logits_at", "DeviceModel.stage")
     def stage(self, cache: CellCache, step, tokens, logits_at) -> None:
         """Checks `tokens` ([step.width] ints in [0, vocab_size)) and `logits_at` (at most
         max_width ints in [0, step.width)), reserves the cache's decode workspace and
@@ -172,7 +170,6 @@ class DeviceModel:
             w.lm_head, self._logits,
         )  # fmt: skip
 
-    @renamed_keyword("n_rows", "n", "DeviceModel.logits")
     def logits(self, n: int) -> np.ndarray:
         """[n, vocab_size] float32: a host copy of the logits of the first `n` tokens of
         the last staged step's logits_at, copied on its stream, which is then
@@ -216,7 +213,7 @@ class DeviceModel:
         """ConfigError unless `cache` is a device cache this model's buffers can serve."""
         if not isinstance(cache, CellCache):
             raise ConfigError(
-                f"a DeviceModel runs on a device cache (numbakv.cache.CellCache), got {cache!r}"
+                f"a DeviceModel runs on a device cache (numbakv.CellCache), got {cache!r}"
             )
         check_geometry(self.config, cache.config)
         for name in ("max_width", "max_seq_len"):

@@ -11,8 +11,8 @@ its own included, which is numbakv's window W. `TransformersModel` asks the mode
 (each layer's attention call says its window) and the executor holds the cache to that.
 """
 
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
 from numbakv.serve.models import ModelShape
 
 LAYER_WINDOWS = {"full_attention": False, "sliding_attention": True}  # True: the window

@@ -17,7 +17,10 @@ lockstep   two executors driven as one, every result checked against the second
 prefix     `PrefixCache`: prompts that share a prefix share its cells (over `radix`, the tree;
            `targets`, the verbs it asks of a cache or an executor)
 host_tier  what the prefix cache gives back, kept in host memory and reloaded on a hit
-saved      sessions saved and loaded (`Executor`), conversations to a file (`Engine`)
+saved      sessions saved and loaded (`SavedSessions`, the executor's)
+open_sessions  the executor's open sessions: their sampling and generators
+conversations  a finished conversation to a file and into a prefix cache (the engine's)
+ledger     the engine's requests by id, and each batch's input
 memory     where the engine's sessions and cells come from: hits, holders, eviction
 admission  which requests hold sessions: placed by memory, batches fitted, preemption
 """

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbakv.checks import int_at_least, token_ids
-from numbakv.errors import StepError
+from numbakv.core.errors import StepError
+from numbakv.core.values import int_at_least, token_ids
 from numbakv.serve.sampling import Sampling
 
 

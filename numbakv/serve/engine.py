@@ -24,12 +24,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
-from numbakv.checks import int_at_least
-from numbakv.errors import ConfigError
-from numbakv.observe import locked
+from numbakv.core.errors import ConfigError
+from numbakv.core.observe import locked
+from numbakv.core.seq_state import SeqState
+from numbakv.core.values import int_at_least
 from numbakv.serve.admission import Admission
+from numbakv.serve.batch import Output
+from numbakv.serve.conversations import SavedConversations
 from numbakv.serve.events import Annotate, Notes, call_back, check_annotate, check_not_in_callbacks
-from numbakv.serve.executor import Output
 from numbakv.serve.faults import Observed, StepFaults, completes
 from numbakv.serve.ledger import Requests, next_input
 from numbakv.serve.memory import Sessions
@@ -47,10 +49,8 @@ from numbakv.serve.requests import (
     check_submission,
 )
 from numbakv.serve.sampling import GREEDY, Sampling
-from numbakv.serve.saved import SavedConversations
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 from numbakv.serve.tokenizer import BYTE_TOKENIZER, Tokenizer
-from numbakv.state import SeqState
 
 
 class Engine:

@@ -1,6 +1,6 @@
 """What the `Engine` tells code outside it as it runs: each sampled token to its request's
 `on_token` callback (`call_back`), and its own events to an `annotate(kind, **data)` hook
-(`Notes`), such as `numbakv.trace.Recorder.annotate` or a callable of yours.
+(`Notes`), such as `numbakv.Recorder.annotate` or a callable of yours.
 
 The annotations, each made when its event has happened:
 
@@ -50,7 +50,7 @@ as its cause) propagates (`faults.Observed.annotate_hook`).
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.serve.requests import FinishReason, Request, TokenEvent
 
 Annotate = Callable[..., None]  # annotate(kind: str, **data) -> None

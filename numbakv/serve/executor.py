@@ -52,10 +52,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from numbakv.checks import check_geometry, int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import CapacityError, ConfigError, SequenceError
-from numbakv.observe import locked
+from numbakv.core.calls import check_geometry
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CapacityError, ConfigError, SequenceError
+from numbakv.core.observe import locked
+from numbakv.core.seq_state import SeqState
+from numbakv.core.values import int_at_least
 from numbakv.serve.batch import Input, Output, checked_inputs
 from numbakv.serve.faults import Observed, batch_observed, completes
 from numbakv.serve.graphs import DecodeGraphs, ForwardCounts
@@ -64,9 +66,6 @@ from numbakv.serve.open_sessions import OpenSessions
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, check_sampling
 from numbakv.serve.saved import SavedSessions
-from numbakv.state import SeqState
-
-__all__ = ["Executor", "Input", "Output"]
 
 
 class Executor:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from numbakv.errors import ObserverError
+from numbakv.core.errors import ObserverError
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 Raising = Callable[[list[ObserverError], Any], ObserverError]

@@ -1,6 +1,6 @@
 """`DecodeGraphs`: how the executor runs a forward, eagerly or by replaying a captured step.
 
-With a device-resident model (`numbakv.device_model.DeviceModel`, which keeps its
+With a device-resident model (`numbakv.DeviceModel`, which keeps its
 activations in fixed device buffers) over a cache that can `capture` (the device cache),
 a decode forward — every token from a different session, at most `width` of them — is
 padded to `width` rows and runs as the replay of one captured step (`StepGraph`). The
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 
 MODES = ("auto", "off")
 

@@ -23,11 +23,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from numbakv.checks import int_at_least
-from numbakv.errors import CapacityError
+from numbakv.core.errors import CapacityError
+from numbakv.core.seq_state import SeqState
+from numbakv.core.values import int_at_least
 from numbakv.serve import radix
 from numbakv.serve.radix import Node, common_length
-from numbakv.state import SeqState
 
 Key = tuple[str | None, bytes]  # (salt, the tokens' int64 bytes)
 

@@ -1,8 +1,8 @@
 """What the `Engine` keeps of its requests and reads off them: `Requests`, every request by
 id, and `next_input`, the input a running sample's next piece of work feeds."""
 
-from numbakv.checks import as_int
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
+from numbakv.core.values import as_int
 from numbakv.serve.batch import Input
 from numbakv.serve.requests import Request, Sample
 from numbakv.serve.scheduler import Work

@@ -14,14 +14,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from numbakv.checks import real
-from numbakv.config import TOLERANCE
-from numbakv.errors import ConfigError
-from numbakv.observe import locked
-from numbakv.serve.executor import Executor, Input, Output
+from numbakv.core.config import TOLERANCE
+from numbakv.core.errors import ConfigError
+from numbakv.core.observe import locked
+from numbakv.core.seq_state import SeqState
+from numbakv.core.values import real
+from numbakv.serve.batch import Input, Output
+from numbakv.serve.executor import Executor
 from numbakv.serve.faults import Observed, completes
 from numbakv.serve.sampling import GREEDY, Sampling
-from numbakv.state import SeqState
 
 # a model's logits pass through every layer's float32 matmuls: ten times the float32
 # attention tolerance (the demo's 2-layer model differs by 3e-5 between the two paths)

@@ -17,15 +17,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from numbakv._deprecated import renamed_keyword
-from numbakv.checks import as_host, int_at_least, real, token_ids
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError, StepError
-
-# re-exported for code of numbakv 0.1 (`from numbakv.model import decode`); see tokenizer
-from numbakv.serve.tokenizer import VOCAB_SIZE as VOCAB_SIZE
-from numbakv.serve.tokenizer import decode as decode
-from numbakv.serve.tokenizer import encode as encode
+from numbakv.core.arrays import as_host
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError, StepError
+from numbakv.core.values import int_at_least, real, token_ids
+from numbakv.serve.tokenizer import VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,6 @@ class Model:
         config = {f"config.{k}": np.asarray(v) for k, v in asdict(self.config).items()}
         np.savez(path, **config, **self.weights)
 
-    @renamed_keyword("rows", "logits_at", "Model.forward")
     def forward(self, cache, step, tokens, logits_at) -> np.ndarray:
         """[len(logits_at), vocab_size] float32: the logits after the step's tokens
         `logits_at`.

@@ -17,9 +17,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from numbakv.checks import GEOMETRY, int_at_least
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.calls import GEOMETRY
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
+from numbakv.core.values import int_at_least
 
 CONFIG_FIELDS = (*GEOMETRY, "vocab_size")  # what the executor reads of `model.config`
 CAPTURE_MEMBERS = ("stage", "run", "logits")  # what a captured decode forward calls

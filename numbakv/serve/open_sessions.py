@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from numbakv.checks import as_int
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.core.errors import CapacityError, SequenceError, StepError
+from numbakv.core.values import as_int
 from numbakv.serve.sampling import Sampling, sample_token
 
 

@@ -7,7 +7,7 @@ runs the slices in order, each declaring its tokens to the cache.
 from dataclasses import dataclass
 from typing import Literal
 
-from numbakv.checks import int_at_least
+from numbakv.core.values import int_at_least
 
 
 @dataclass(frozen=True)

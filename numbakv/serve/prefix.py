@@ -34,15 +34,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from numbakv.checks import as_int, int_at_least
-from numbakv.errors import ConfigError, SequenceError
+from numbakv.core.errors import ConfigError, SequenceError
+from numbakv.core.values import as_int, int_at_least
 from numbakv.serve import radix
 from numbakv.serve.faults import Observed, call_observed, completes
 from numbakv.serve.host_tier import HostTier, Reloading, check_host_bytes
 from numbakv.serve.radix import Node
 from numbakv.serve.targets import as_tokens, check_salt, saving_verbs, verbs
-
-__all__ = ["PrefixCache", "check_salt"]
 
 
 class PrefixCache(Reloading):

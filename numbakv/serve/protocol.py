@@ -10,7 +10,7 @@ are both one; so is anything of your own with these members:
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from numbakv.serve.executor import Input, Output
+from numbakv.serve.batch import Input, Output
 from numbakv.serve.sampling import GREEDY, Sampling
 
 

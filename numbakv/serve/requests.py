@@ -10,14 +10,14 @@ from typing import Literal
 
 import numpy as np
 
-from numbakv import tensors
-from numbakv._deprecated import renamed
-from numbakv.checks import as_int, int_at_least, token_ids
-from numbakv.errors import CapacityError, ConfigError
+from numbakv.core import arrays
+from numbakv.core.errors import CapacityError, ConfigError
+from numbakv.core.values import as_int, int_at_least, token_ids
 from numbakv.serve.graphs import ForwardCounts
-from numbakv.serve.prefix import PrefixCache, check_salt
+from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.protocol import SessionExecutor
 from numbakv.serve.sampling import Sampling, check_sampling
+from numbakv.serve.targets import check_salt
 from numbakv.serve.tokenizer import Tokenizer
 
 FinishReason = Literal["length", "stop", "cancelled", "error"]
@@ -33,8 +33,6 @@ class TokenEvent:
     token: int
     logits: np.ndarray = field(repr=False)
     finish_reason: FinishReason | None
-
-    request = renamed("request", "request_id", "TokenEvent")
 
 
 @dataclass(frozen=True)
@@ -118,8 +116,6 @@ class Completion:
     tokens: list[list[int]]
     finish_reasons: list[FinishReason | None]
     metrics: RequestMetrics
-
-    request = renamed("request", "request_id", "Completion")
 
 
 @dataclass
@@ -253,7 +249,7 @@ def prompt_tokens(prompt, tokenizer, vocab_size: int) -> list[int]:
                 "text, token ids, or a tokenizer's output (a mapping with input_ids)"
             )
         name, prompt = "prompt['input_ids']", prompt["input_ids"]
-    if tensors.is_torch(prompt):
+    if arrays.is_torch(prompt):
         prompt = prompt.detach().cpu().numpy()
     return token_ids(name, prompt, vocab_size, ConfigError)
 

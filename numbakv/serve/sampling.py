@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.checks import int_at_least, real
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
+from numbakv.core.values import int_at_least, real
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from numbakv.checks import int_at_least
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
+from numbakv.core.values import int_at_least
 
 Kind = Literal["decode", "prefill"]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from numbakv.checks import short_repr
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
+from numbakv.core.values import short_repr
 
 CACHE_VERBS = ("seq_clone", "rewind", "seq_rm", "pos")
 SESSION_VERBS = ("clone", "rewind", "close_session", "length")

@@ -19,23 +19,25 @@
 Imports no numba, and nothing beyond numbakv's own dependencies.
 """
 
-from numbakv.testing.attention import (
+from numbakv.testing.attention import attention_cases, check_attention
+from numbakv.testing.attention_types import (
     AttentionCase,
     AttentionCheckResult,
     CellsInputs,
     PagedInputs,
-    attention_cases,
-    check_attention,
 )
 from numbakv.testing.check import DEFAULT_CONFIGS, QUANTIZED_CONFIGS, check_cache
 from numbakv.testing.coverage import Coverage
 from numbakv.testing.from_trace import trace_ops
 from numbakv.testing.hazards import HAZARDS
-from numbakv.testing.oplog import OpLog, load_ops
-from numbakv.testing.ops import Divergence, Op, Runner, run_script, script
+from numbakv.testing.op import Op
+from numbakv.testing.oplog import OpLog
+from numbakv.testing.oplog_file import load_ops
+from numbakv.testing.ops import Divergence, Runner, run_script, script
 from numbakv.testing.protocol import LAYOUT_FIELDS, SEMANTIC_FIELDS, CacheUnderTest, StepLike
 from numbakv.testing.refusals import REFUSALS
-from numbakv.testing.replay import replay, shrink_ops
+from numbakv.testing.replay import replay
+from numbakv.testing.shrink import shrink_ops
 from numbakv.testing.workloads import KINDS, Swarm, decode
 
 __all__ = [

@@ -33,8 +33,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from numbakv.config import TOLERANCE
-from numbakv.formats import ARRAY_DTYPES, row_width
+from numbakv.core.config import TOLERANCE
+from numbakv.core.formats import ARRAY_DTYPES, row_width
 from numbakv.reference import solo_attention
 from numbakv.reference.storage import to_float32, to_storage
 from numbakv.testing.attention_types import (
@@ -294,7 +294,7 @@ def check_attention(
                  queries ending at the sequence's end), "mixed" (each sequence either)
     padding    : cells only: some cases end with padded rows (seq_id -1), which must give 0
     tolerance  : the absolute tolerance as a fraction of max(1, max |V|); by default
-                 `numbakv.config.TOLERANCE[dtype]` (1e-5 for float32, 2e-3 for float16: a
+                 `numbakv.core.config.TOLERANCE[dtype]` (1e-5 for float32, 2e-3 for float16: a
                  kernel may compute in its K/V's precision; the output is a convex
                  combination of V)
 

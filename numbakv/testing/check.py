@@ -9,19 +9,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.testing import hazards as hazard_scripts
 from numbakv.testing.coverage import Coverage
-from numbakv.testing.ops import (
-    COMPARES,
-    OP_TIMEOUT,
-    Check,
-    Divergence,
-    Op,
-    Runner,
-    apply,
-    run_script,
-)
+from numbakv.testing.op import Op
+from numbakv.testing.ops import COMPARES, OP_TIMEOUT, Check, Divergence, Runner, apply, run_script
 from numbakv.testing.shrink import shrink
 from numbakv.testing.workloads import ALL_KINDS, CODES, KINDS, Swarm, decode
 

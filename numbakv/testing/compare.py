@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from numbakv.errors import CacheError
+from numbakv.core.errors import CacheError
+from numbakv.testing.op import Op
 from numbakv.testing.protocol import SEMANTIC_FIELDS
-
-if TYPE_CHECKING:  # ops runs the ops and reads this module's rules
-    from numbakv.testing.ops import Op
 
 SIDES = ("the reference", "the cache")
 

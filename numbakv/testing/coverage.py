@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.testing.ops import Op
+from numbakv.core.config import CacheConfig
+from numbakv.testing.op import Op
 from numbakv.testing.refusals import REFUSALS, TABLE_ONLY
 from numbakv.testing.workloads import OPTIONAL_KINDS
 

@@ -9,15 +9,11 @@ held at both settings (docs/contract.md §12). NumPy only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from numbakv.errors import CacheError
+from numbakv.core.errors import CacheError
+from numbakv.testing.op import Op
 from numbakv.testing.refusals import REFUSALS, index
-
-if TYPE_CHECKING:  # ops runs the ops and asks this module which rule a difference breaks
-    from numbakv.testing.ops import Op
 
 ETIQUETTE = {  # name: the rule (strict=True), and what the default admits
     "write-dtype": "write() refuses K or V of a dtype that is not a real float with StepError "

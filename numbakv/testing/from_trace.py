@@ -13,13 +13,13 @@ recorded: a replayed step writes synthetic K/V drawn from its frame index.
 
 import numpy as np
 
-from numbakv.testing.ops import Op
+from numbakv.testing.op import Op
 
 VERB_EVENTS = ("seq_new", "seq_clone", "seq_rm", "rewind", "clear")
 
 
 def trace_ops(trace) -> list[Op]:
-    """The ops of `trace` (a `numbakv.trace.Trace` recorded with every_verb=True), in order.
+    """The ops of `trace` (a `numbakv.Trace` recorded with every_verb=True), in order.
     ValueError when the live ids change between two frames with no verb frame between
     them: a trace of steps only cannot say what happened in between."""
     events, snapshots, ops = trace.events, list(trace.snapshots()), []

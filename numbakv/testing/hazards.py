@@ -11,8 +11,8 @@ sizes up to 8, 16 and 32, or of the block size given (`cuts`, `BLOCKWISE`). NumP
 
 from collections.abc import Callable, Iterable, Iterator
 
-from numbakv.config import CacheConfig
-from numbakv.testing.ops import Op
+from numbakv.core.config import CacheConfig
+from numbakv.testing.op import Op
 from numbakv.testing.workloads import GROUPS, READS
 
 Scripts = Iterator[tuple[str, list[Op]]]

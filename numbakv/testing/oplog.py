@@ -17,22 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from numbakv.state import SeqState
-from numbakv.testing.oplog_file import (  # noqa: F401  (check_config_bytes, load_ops: the API)
-    ARITY,
+from numbakv.core.seq_state import SeqState
+from numbakv.testing.op import Op
+from numbakv.testing.oplog_file import (
     FORMAT,
-    MAX_GROUP,
-    MAX_REPLAY_BYTES,
     PARAMETERS,
-    READ_FIELDS,
     STATES,
     TABLE_VERBS,
     VERSION,
     _dtype_name,
-    check_config_bytes,
-    load_ops,
 )
-from numbakv.testing.ops import Op
 
 
 def _recorded(verb: str):

@@ -28,17 +28,18 @@ state file outside the log's folder, missing or damaged (`SeqState.load`).
 
 import json
 import os
-import reprlib
 import stat
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import StateError
-from numbakv.state import SeqState
-from numbakv.testing.ops import MODES, Op
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import StateError
+from numbakv.core.seq_state import SeqState
+from numbakv.core.values import short_repr
+from numbakv.testing.op import Op
+from numbakv.testing.ops import MODES
 from numbakv.testing.protocol import LAYOUT_FIELDS, SEMANTIC_FIELDS
 
 FORMAT, VERSION = "numbakv-oplog", 1
@@ -54,9 +55,6 @@ MAX_REPLAY_BYTES = 2**30  # what one replayed cache, or one op's synthetic array
 MAX_GROUP = 256  # query heads per KV head: past any model's (Llama 3.1 405B has 16)
 SEEDS = 2**64
 STATES = ".states"  # the folder beside a log (its stem + this) of the states it loads
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
-_show = _REPR.repr  # a value in a message, cut short
 
 
 def _dtype_name(dtype) -> str | None:
@@ -82,7 +80,7 @@ def load_ops(path, max_bytes: int = MAX_REPLAY_BYTES) -> tuple[CacheConfig, list
         raise ValueError(f'{path}: not a numbakv op log (no "format": "{FORMAT}")')
     version = document.get("version")
     if type(version) is not int or version != VERSION:
-        raise ValueError(f"{path}: version {_show(version)}, this numbakv reads {VERSION}")
+        raise ValueError(f"{path}: version {short_repr(version)}, this numbakv reads {VERSION}")
     config = _config(path, document.get("config"), max_bytes)
     ops = document.get("ops")
     if not isinstance(ops, list):
@@ -141,15 +139,15 @@ def _config(path, config, max_bytes: int) -> CacheConfig:
 
 def _op(path, i: int, entry, config: CacheConfig, max_bytes: int) -> Op:
     if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
-        raise ValueError(f"{path}: op {i} is {_show(entry)}, not [verb, [args]]")
+        raise ValueError(f"{path}: op {i} is {short_repr(entry)}, not [verb, [args]]")
     verb, args = entry
     if not isinstance(verb, str) or verb not in ARITY:
-        raise ValueError(f"{path}: op {i} has verb {_show(verb)}; give one of {tuple(ARITY)}")
+        raise ValueError(f"{path}: op {i} has verb {short_repr(verb)}; give one of {tuple(ARITY)}")
     if len(args) not in ARITY[verb]:
         raise ValueError(f"{path}: op {i} ({verb}) has {len(args)} args, not {ARITY[verb]}")
     if not _valid(verb, args, config):
         needs = f"needs {NEEDS[verb]}" if verb in NEEDS else "has a non-scalar arg"
-        raise ValueError(f"{path}: op {i} ({verb}) {needs}, got {_show(args)}")
+        raise ValueError(f"{path}: op {i} ({verb}) {needs}, got {short_repr(args)}")
     for shape, what in _arrays(verb, args, config):
         size = 4 * int(np.prod(shape, dtype=object))
         if size > max_bytes:
@@ -170,7 +168,7 @@ def _state(path, i: int, name: str, max_bytes: int) -> SeqState:
     where = Path(name)
     if where.parent.name != folder.name or len(where.parts) != 2 or where.suffix != ".npz":
         raise ValueError(
-            f"{path}: op {i} (load) names {_show(name)}; a state lies in {folder.name}/ "
+            f"{path}: op {i} (load) names {short_repr(name)}; a state lies in {folder.name}/ "
             "beside the log, as <name>.npz"
         )
     file = folder / where.name

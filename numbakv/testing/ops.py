@@ -38,17 +38,17 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.checks import as_host
-from numbakv.config import CacheConfig
-from numbakv.errors import CacheError, StateError
-from numbakv.state import SeqState
+from numbakv.core.arrays import as_host
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CacheError, StateError
+from numbakv.core.seq_state import SeqState
 from numbakv.testing import state as rules  # what must hold besides the same outcomes
 from numbakv.testing.compare import differences, outcome_difference, said
 from numbakv.testing.etiquette import annotated, as_floats, broken
+from numbakv.testing.op import Op
 from numbakv.testing.refusals import MODES as MODES  # MODES: an op names one
 from numbakv.testing.refusals import Protocol
 from numbakv.testing.saved import SavedStates, by_position
@@ -60,17 +60,6 @@ VERBS = (*TABLE_VERBS, "step", *STEP_VERBS, "reload", "save", "load")
 OP_TIMEOUT = 10.0  # seconds one op of the cache under test may take before it is a hang
 
 Check = Callable[..., "str | None"]  # check(reference, cache, op, expected, got)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One operation of a workload: `verb` with `args` (see the module docstring)."""
-
-    verb: str
-    args: tuple = ()
-
-    def __repr__(self) -> str:
-        return f"Op({self.verb!r}, {self.args!r})" if self.args else f"Op({self.verb!r})"
 
 
 class Divergence(AssertionError):
@@ -375,7 +364,7 @@ def run_script(factory: Callable[[CacheConfig], object], config: CacheConfig,
                  window's mask (uint8 [width, read_len]) and, when the cache has `pool_kv`,
                  the K/V bytes of every occupied cell.
     tolerance  : of attention outputs, relative to max(1, the row's largest |value|); by
-                 default `config.tolerance`, `numbakv.config.TOLERANCE` of the loosest
+                 default `config.tolerance`, `numbakv.core.config.TOLERANCE` of the loosest
                  format any layer's K or V stores (a cache may compute in it); give
                  TOLERANCE["float32"] for a cache that computes in float32
     check      : an optional hook, `check(reference, cache, op, expected, got)`, called

@@ -17,7 +17,7 @@ through an adapter; what such an adapter needs to know:
   still refuses where the reference does when it reports the reference's count.
 - **What the kit uses when a cache has it**: `check_invariants()` (raises AssertionError
   naming a broken invariant), called after every op; under compare="table", `snapshot()`
-  (a `numbakv.snapshot.Snapshot`) and `pool_kv(layer)` (K and V, [rows, n_kv_heads,
+  (a `numbakv.core.snapshot.Snapshot`) and `pool_kv(layer)` (K and V, [rows, n_kv_heads,
   head_dim] of the storage dtype: its occupied cells' bytes must be the reference's).
 """
 

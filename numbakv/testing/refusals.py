@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-
-if TYPE_CHECKING:  # ops runs the ops and keeps a Protocol of them
-    from numbakv.testing.ops import Op
+from numbakv.core.config import CacheConfig
+from numbakv.testing.op import Op
 
 MODES = ("gathered", "masked")  # the attention modes of docs/contract.md §5
 

@@ -15,10 +15,12 @@ verb (`trace_ops`). Any exception of the cache under test is a divergence like a
 import os
 from collections.abc import Callable, Sequence
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.testing.from_trace import trace_ops
-from numbakv.testing.oplog import load_ops
-from numbakv.testing.ops import Divergence, Op, run_script
+from numbakv.testing.op import Op
+from numbakv.testing.oplog_file import load_ops
+from numbakv.testing.ops import Divergence, run_script
+from numbakv.testing.shrink import shrink_ops
 
 
 def replay(
@@ -87,32 +89,3 @@ def replay(
         f"so here is the first divergence unshrunk:\n{first}",
         first.ops, first.index, config,
     ) from None  # fmt: skip
-
-
-def shrink_ops(ops: Sequence[Op], fails: Callable[[Sequence[Op]], bool]) -> list[Op]:
-    """A 1-minimal sublist of `ops` (order kept) for which `fails` is still True: removing
-    any one op of it makes `fails` False. Zeller's ddmin: try each of n chunks, then each
-    complement, else split finer. ValueError when `fails(ops)` is False."""
-    ops = list(ops)
-    if not fails(ops):
-        raise ValueError("shrink_ops: fails(ops) is False for the whole list; nothing to shrink")
-    n = 2
-    while len(ops) >= 2:
-        size = -(-len(ops) // n)
-        chunks = [ops[i : i + size] for i in range(0, len(ops), size)]
-        complements = [
-            [op for j, chunk in enumerate(chunks) if j != i for op in chunk]
-            for i in range(len(chunks))
-        ]
-        smaller = next((c for c in chunks if fails(c)), None)
-        if smaller is not None:
-            ops, n = smaller, 2
-            continue
-        smaller = next((c for c in complements if len(chunks) > 2 and fails(c)), None)
-        if smaller is not None:
-            ops, n = smaller, max(n - 1, 2)
-            continue
-        if n >= len(ops):
-            break
-        n = min(2 * n, len(ops))
-    return ops

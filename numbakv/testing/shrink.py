@@ -6,8 +6,7 @@ NumPy only.
 
 from collections.abc import Callable, Iterator, Sequence
 
-from numbakv.testing.ops import Op
-from numbakv.testing.replay import shrink_ops
+from numbakv.testing.op import Op
 
 RUNS = 400  # the most scripts one shrink runs
 
@@ -59,3 +58,32 @@ def simpler_ops(op: Op) -> Iterator[Op]:
                 yield Op(verb, simpler)
     if verb == "write" and len(args) == 4:
         yield Op(verb, args[:3])
+
+
+def shrink_ops(ops: Sequence[Op], fails: Callable[[Sequence[Op]], bool]) -> list[Op]:
+    """A 1-minimal sublist of `ops` (order kept) for which `fails` is still True: removing
+    any one op of it makes `fails` False. Zeller's ddmin: try each of n chunks, then each
+    complement, else split finer. ValueError when `fails(ops)` is False."""
+    ops = list(ops)
+    if not fails(ops):
+        raise ValueError("shrink_ops: fails(ops) is False for the whole list; nothing to shrink")
+    n = 2
+    while len(ops) >= 2:
+        size = -(-len(ops) // n)
+        chunks = [ops[i : i + size] for i in range(0, len(ops), size)]
+        complements = [
+            [op for j, chunk in enumerate(chunks) if j != i for op in chunk]
+            for i in range(len(chunks))
+        ]
+        smaller = next((c for c in chunks if fails(c)), None)
+        if smaller is not None:
+            ops, n = smaller, 2
+            continue
+        smaller = next((c for c in complements if len(chunks) > 2 and fails(c)), None)
+        if smaller is not None:
+            ops, n = smaller, max(n - 1, 2)
+            continue
+        if n >= len(ops):
+            break
+        n = min(2 * n, len(ops))
+    return ops

@@ -7,16 +7,34 @@ caller's hook agrees (`after_op`); which rows of an attention see K/V no step wr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
-from numbakv.errors import StepError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import StepError
 from numbakv.testing.compare import SIDES, step_difference, step_fields
 from numbakv.testing.etiquette import annotated
+from numbakv.testing.op import Op
 
-if TYPE_CHECKING:  # ops runs the ops and calls this module after each
-    from numbakv.testing.ops import Op, Runner
+
+class Runner(Protocol):
+    """What these rules read and keep of a run: `numbakv.testing.ops.Runner`, which calls them
+    after each op (this module is below it)."""
+
+    reference: object
+    cache: object
+    config: CacheConfig
+    compare: str
+    strict: bool
+    check: Callable | None
+    steps: tuple | None  # (the reference's, the cache's) last prepared step, while compared
+    last: list  # the same, kept stale
+    unwritten: list[set[int]]  # per layer, the reference's cells no write has filled
+
+    def note(self, rule: str, op: Op) -> None: ...
+
 
 STATE_PARTS = {
     "semantic": ("live ids", "pos of the live ids", "used_cells", "free_cells"),

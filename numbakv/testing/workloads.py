@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.testing.ops import Op
+from numbakv.core.config import CacheConfig
+from numbakv.testing.op import Op
 from numbakv.testing.protocol import SEMANTIC_FIELDS
 
 GROUPS = (1, 2, 4, 8)  # query heads per KV head of a step's attends (GQA)

@@ -1,5 +1,5 @@
 """numbakv.trace: a cache's cell table recorded over a workload, and the `.npz` file that
-keeps it (numba-free).
+keeps it (numba-free). `Recorder`, `Trace` and `load_trace` are `numbakv`'s names.
 
     recorder  `Recorder`: a frame per step (or verb) through the cache's observer hook, and
               the caller's annotations between frames
@@ -10,7 +10,6 @@ keeps it (numba-free).
     scan      figures computed from the recorded changes, never a table per frame
 """
 
-from numbakv.trace.frames import Annotation, Trace, TraceStep, load_trace
-from numbakv.trace.recorder import Recorder
+from numbakv.trace.frames import Annotation, TraceStep
 
-__all__ = ["Annotation", "Recorder", "Trace", "TraceStep", "load_trace"]
+__all__ = ["Annotation", "TraceStep"]  # Recorder, Trace and load_trace: `numbakv`'s

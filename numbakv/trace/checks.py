@@ -13,10 +13,11 @@ import re
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import TraceError
-from numbakv.snapshot import FREE, SHARED
-from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT, short
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import TraceError
+from numbakv.core.snapshot import FREE, SHARED
+from numbakv.core.values import short_repr
+from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT
 from numbakv.trace.scan import TableReplay, id_bits, owner_bits
 
 
@@ -313,17 +314,18 @@ def annotation_problem(kind: object, data: object) -> str | None:
            finite float, a str, or a list or tuple of those (no nesting)
     """
     if not isinstance(kind, str) or not NAME.fullmatch(kind):
-        return f"an annotation's kind must be {_NAME_RULE}; got {short(kind)}"
+        return f"an annotation's kind must be {_NAME_RULE}; got {short_repr(kind)}"
     if not isinstance(data, dict):
-        return f"an annotation's data must be a dict; got {short(data)}"
+        return f"an annotation's data must be a dict; got {short_repr(data)}"
     for key, value in data.items():
         if not isinstance(key, str) or not NAME.fullmatch(key):
-            return f"{kind} annotation: a data key must be {_NAME_RULE}; got {short(key)}"
+            return f"{kind} annotation: a data key must be {_NAME_RULE}; got {short_repr(key)}"
         items = value if isinstance(value, list | tuple) else [value]
         bad = [item for item in items if not _is_scalar(item)]
         if bad:
             return (
-                f"{kind} annotation: {key}={short(value)} is not JSON-safe ({short(bad[0])}); "
+                f"{kind} annotation: {key}={short_repr(value)} is not JSON-safe "
+                f"({short_repr(bad[0])}); "
                 "give None, a bool, an int64, a finite float, a str or a list of those"
             )
     return None
@@ -335,15 +337,16 @@ def annotation_records(n_frames: int, records: object) -> list[dict]:
     passing `annotation_problem`; TraceError naming the first that does not. Returns
     copies (`plain_data`)."""
     if not isinstance(records, list | tuple):
-        raise TraceError(f"a trace's annotations are a list; got {short(records)}")
+        raise TraceError(f"a trace's annotations are a list; got {short_repr(records)}")
     out, last = [], 0
     for i, record in enumerate(records):
         if not isinstance(record, dict) or record.keys() != {"frame", "kind", "data"}:
-            raise TraceError(f"annotation {i} is not {{frame, kind, data}}: {short(record)}")
+            raise TraceError(f"annotation {i} is not {{frame, kind, data}}: {short_repr(record)}")
         frame = record["frame"]
         if isinstance(frame, bool) or not isinstance(frame, int) or not 0 <= frame < n_frames:
             raise TraceError(
-                f"annotation {i} follows frame {short(frame)}, outside [0, n_frames={n_frames})"
+                f"annotation {i} follows frame {short_repr(frame)}, outside "
+                f"[0, n_frames={n_frames})"
             )
         if frame < last:
             raise TraceError(

@@ -13,7 +13,7 @@ another file type, an encrypted member or a compression method other than stored
 a member that would expand past deflate's limit, an `.npy` header whose shape needs more
 (or fewer) bytes than the member holds, a dtype other than the expected one (object
 dtypes, i.e. pickles, included), text that is not UTF-32 or not strict JSON (those checks
-are `numbakv.npz`'s), a format other than FORMATS.
+are `numbakv.core.npz`'s), a format other than FORMATS.
 `numbakv.trace.checks` then holds the arrays to the cell table's invariants and the
 annotations to theirs.
 """
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from numbakv import npz
-from numbakv.config import CacheConfig
-from numbakv.errors import CacheError, TraceError
-from numbakv.npz import short
-from numbakv.observe import EVENTS
+from numbakv.core import npz
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CacheError, TraceError
+from numbakv.core.observe import EVENTS
+from numbakv.core.values import short_repr
 from numbakv.trace import upgrade
 
 FORMAT = "numbakv-trace/3"  # what `Trace.save` writes
@@ -105,7 +105,7 @@ def _read(archive: zipfile.ZipFile, size: int) -> tuple[dict, dict[str, np.ndarr
     if not isinstance(header, dict) or header.get("format") not in FORMATS:
         found = header.get("format") if isinstance(header, dict) else header
         formats = " or ".join(FORMATS)
-        raise npz.Refused(f"its header names format {short(found)}, not {formats}")
+        raise npz.Refused(f"its header names format {short_repr(found)}, not {formats}")
     has_annotations = header["format"] != FORMATS[0]
     if has_annotations != ("annotations" in members):
         raise npz.Refused(

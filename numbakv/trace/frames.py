@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import TraceError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import TraceError
+from numbakv.core.snapshot import FREE, Snapshot
 from numbakv.reference.step import window_mask
-from numbakv.snapshot import FREE, Snapshot
 from numbakv.trace import scan
 from numbakv.trace.checks import annotation_records, check_arrays, plain_data
 from numbakv.trace.file import FRAME_EVENTS, STEP_EVENT, read_trace_file, write_trace_file
@@ -222,7 +222,7 @@ class Trace:
     def timeline(self, frames=None) -> np.ndarray:
         """[len(frames), max read_len] int32: owner code of each cell at each frame.
 
-        A cell's code is its owner's id, FREE (-1) or SHARED (-2) (`numbakv.snapshot`);
+        A cell's code is its owner's id, FREE (-1) or SHARED (-2) (`numbakv.core.snapshot`);
         cells past a frame's read_len are FREE. Default frames: the step frames; negative
         frames count from the end, and one past the end is an IndexError.
         """

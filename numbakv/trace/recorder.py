@@ -9,9 +9,9 @@ admissions and finishes) between the frames.
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
-from numbakv.snapshot import SHARED, owner_codes
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
+from numbakv.core.snapshot import SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS
 from numbakv.trace.frames import Trace

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from numbakv.snapshot import FREE, SHARED
+from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.free_runs import FreeRuns
 
 

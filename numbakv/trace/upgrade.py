@@ -7,9 +7,9 @@ The conversion trusts nothing but the bitsets' shape: whatever else is wrong wit
 
 import numpy as np
 
-from numbakv.config import CacheConfig
-from numbakv.errors import TraceError
-from numbakv.snapshot import SHARED, owner_codes
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import TraceError
+from numbakv.core.snapshot import SHARED, owner_codes
 from numbakv.trace.scan import bit_pairs, previous_changes, toggle_ids
 
 

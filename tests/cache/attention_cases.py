@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbakv import CacheConfig
 from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, SEQ_IDS, host_step
-from numbakv.reference import CacheConfig, CellCache
+from numbakv.reference import CellCache
 
 from helpers import as_stored
 

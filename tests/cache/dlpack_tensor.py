@@ -8,7 +8,7 @@ import ctypes
 import ml_dtypes
 import numpy as np
 
-from numbakv.dlpack import CPU, CUDA, ManagedTensor
+from numbakv.core.arrays import CPU, CUDA, ManagedTensor
 
 _new_capsule = ctypes.pythonapi.PyCapsule_New
 _new_capsule.restype = ctypes.py_object

@@ -5,12 +5,13 @@ reference table as mirror arrays."""
 import numpy as np
 import pytest
 
+from numbakv import CacheConfig
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels.launch import SIM_THREADS, THREADS
 from numbakv.cache.kernels.masks import launch_write_masks
 from numbakv.cache.kernels.step_buffer import CELLS, POSITIONS, SCALARS, host_step
 from numbakv.cache.kernels.step_buffer import SEQ_IDS as SEQ_ID_ROW
-from numbakv.reference import CacheConfig, CellCache
+from numbakv.reference import CellCache
 
 BLOCK = SIM_THREADS if IS_SIMULATOR else THREADS  # threads per block of every launch
 MAX_WIDTH = BLOCK + 8

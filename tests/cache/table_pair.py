@@ -5,9 +5,9 @@ the conformance kit's ops (`numbakv.testing.check.decode`) to both tables."""
 import numpy as np
 
 from numbakv.cache.table import HostTable
-from numbakv.checks import check_declaration
-from numbakv.config import CacheConfig
-from numbakv.errors import CacheError
+from numbakv.core.calls import check_declaration
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CacheError
 from numbakv.reference.table import CellTable
 from numbakv.testing import Op
 

@@ -10,7 +10,7 @@ import pytest
 
 import numbakv
 from numbakv.cache.cuda import IS_SIMULATOR, MODE, cuda
-from numbakv.errors import BindingError, StepError
+from numbakv.core.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache
 
 from helpers import assert_close, full_state

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 import numbakv
+from numbakv import Recorder
 from numbakv.cache.cuda import cuda, device_address
 from numbakv.cache.kernels.step_buffer import (
     CELLS,
@@ -36,8 +37,8 @@ from numbakv.cache.kernels.step_buffer import (
     columns,
     host_step,
 )
-from numbakv.config import TOLERANCE
-from numbakv.errors import (
+from numbakv.core.config import TOLERANCE
+from numbakv.core.errors import (
     AllocationError,
     BindingError,
     CapacityError,
@@ -45,10 +46,9 @@ from numbakv.errors import (
     SequenceError,
     StepError,
 )
+from numbakv.core.snapshot import Snapshot
 from numbakv.reference import CellCache as RefCache
-from numbakv.snapshot import Snapshot
 from numbakv.testing import Op, check_cache
-from numbakv.trace import Recorder
 
 from helpers import assert_close, churn, full_state, small_config, step_with
 from table_pair import cells_by_seq

@@ -9,7 +9,7 @@ from test_device_cache import ForeignStream, foreign_stream
 import numbakv
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
 from numbakv.cache.kernels import step_buffer
-from numbakv.errors import BindingError, StepError
+from numbakv.core.errors import BindingError, StepError
 from numbakv.reference import CellCache as RefCache
 
 from helpers import full_state, small_config, step_with

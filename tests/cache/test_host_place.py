@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv import checks
 from numbakv.cache.arena import Segments
 from numbakv.cache.table import HostTable
-from numbakv.checks import check_declaration
-from numbakv.config import CacheConfig
-from numbakv.errors import CacheError, CapacityError
+from numbakv.core import calls
+from numbakv.core.calls import check_declaration
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CacheError, CapacityError
 from numbakv.reference.table import CellTable
 
 from helpers import stable_id
@@ -206,7 +206,7 @@ def assert_same_outcome(table, cfg: CacheConfig, seq_ids) -> None:
     """check_declaration gives for seq_ids what the id-by-id check gives."""
     got = outcome(lambda: check_declaration(table, cfg, seq_ids))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checks, "_admitted_at_once", lambda *args: None)  # id by id, and
+        patch.setattr(calls, "_admitted_at_once", lambda *args: None)  # id by id, and
         # lengths counted with NumPy
         expect = outcome(lambda: check_declaration(table, cfg, seq_ids))
     assert got[0] == expect[0]

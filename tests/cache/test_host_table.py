@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numbakv.cache.table import HostTable
-from numbakv.errors import CapacityError, SequenceError
+from numbakv.core.errors import CapacityError, SequenceError
 from numbakv.testing import Op
 from numbakv.testing.workloads import ALL_KINDS, CLASSIC, CODES, Swarm, decode
 

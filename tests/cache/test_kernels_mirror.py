@@ -5,6 +5,7 @@ reference table; listed cells only, everything else byte for byte unchanged."""
 import numpy as np
 import pytest
 
+from numbakv import CacheConfig
 from numbakv.cache.kernels.placement import launch_prepare_tokens
 from numbakv.cache.kernels.seq_cells import (
     launch_clear_lengths,
@@ -12,7 +13,6 @@ from numbakv.cache.kernels.seq_cells import (
     launch_set_length,
 )
 from numbakv.cache.kernels.verbs import launch_add_owner, launch_clear_table, launch_drop_owner
-from numbakv.reference import CacheConfig
 
 from kernel_inputs import (
     BLOCK,

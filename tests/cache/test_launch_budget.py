@@ -336,9 +336,9 @@ def test_a_second_identical_step_makes_the_same_launches(bench, shape):
 
 
 def test_reserve_makes_the_workspace_so_the_first_decode_attend_allocates_nothing():
-    from numbakv.cache import CellCache
+    from numbakv import CellCache
     from numbakv.cache.cuda import cuda
-    from numbakv.errors import StepError
+    from numbakv.core.errors import StepError
 
     cfg = budget_bench.build(2).cache.config
     for reserved in (False, True):

@@ -14,7 +14,7 @@ from numbakv.cache.cuda import cuda
 from numbakv.cache.kernels import quant
 from numbakv.cache.kernels.placement import launch_scatter_kv
 from numbakv.cache.kernels.step_buffer import host_step
-from numbakv.formats import BLOCK, row_width
+from numbakv.core.formats import BLOCK, row_width
 from numbakv.reference import quant as ref_quant
 from numbakv.reference.storage import to_storage
 from numbakv.testing import QUANTIZED_CONFIGS, Op, check_cache, run_script

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv.testing.launches as counting
-from numbakv.cache import CellCache, saving
+from numbakv import CellCache
+from numbakv.cache import saving
 from numbakv.cache.cuda import IS_SIMULATOR
-from numbakv.errors import AllocationError, CacheError
+from numbakv.core.errors import AllocationError, CacheError
 from numbakv.reference import CellCache as RefCache
 from numbakv.serve.prefix import PrefixCache
 from numbakv.testing import Op, run_script

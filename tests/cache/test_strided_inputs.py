@@ -12,8 +12,8 @@ from dlpack_tensor import Tensor, bfloat16_tensor
 
 import numbakv
 from numbakv.cache.cuda import IS_SIMULATOR, cuda
-from numbakv.dlpack import CPU
-from numbakv.errors import StepError
+from numbakv.core.arrays import CPU
+from numbakv.core.errors import StepError
 
 from helpers import full_state
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from numbakv.cache import CellCache as DeviceCache
+from numbakv import CellCache as DeviceCache
 from numbakv.cache import device_allocator
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.reference.pool import numpy_allocator

@@ -4,8 +4,8 @@ never reads; padding; refused writes and attends."""
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
-from numbakv.errors import StepError
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import StepError
 
 from helpers import as_stored, full_state, solo_expect, step_with
 

@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
-from numbakv.errors import AllocationError, CacheError, ConfigError, ObserverError, StepError
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import AllocationError, CacheError, ConfigError, ObserverError, StepError
 
 from helpers import full_state, step_with
 

@@ -5,7 +5,7 @@ message names the bad value, and the whole state after the refusal equals the st
 import numpy as np
 import pytest
 
-from numbakv.errors import ConfigError, SequenceError, StepError
+from numbakv.core.errors import ConfigError, SequenceError, StepError
 
 from helpers import full_state, step_with
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from numbakv.cache.cuda import cuda
-from numbakv.checks import as_host
-from numbakv.errors import StepError
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import StepError
 
 from helpers import as_storage, full_state, step_with
 

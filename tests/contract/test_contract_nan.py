@@ -4,7 +4,7 @@ reference computes it (docs/contract.md §5); what a token does not see never ma
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
+from numbakv.core.arrays import as_host
 
 from helpers import step_with
 

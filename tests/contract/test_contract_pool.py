@@ -4,7 +4,7 @@ transactional growth."""
 import numpy as np
 import pytest
 
-from numbakv.errors import AllocationError
+from numbakv.core.errors import AllocationError
 
 from helpers import as_storage, full_state, step_with
 

@@ -5,7 +5,7 @@ reference follows the same order."""
 
 import pytest
 
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.core.errors import CapacityError, SequenceError, StepError
 
 from helpers import step_with
 

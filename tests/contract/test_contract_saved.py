@@ -11,10 +11,16 @@ cache refused although enough cells are free; a failed restore that leaves corru
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
-from numbakv.errors import AllocationError, CapacityError, ConfigError, SequenceError, StateError
-from numbakv.formats import FORMATS
-from numbakv.state import SeqState
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import (
+    AllocationError,
+    CapacityError,
+    ConfigError,
+    SequenceError,
+    StateError,
+)
+from numbakv.core.formats import FORMATS
+from numbakv.core.seq_state import SeqState
 
 from helpers import full_state, step_with
 

@@ -4,8 +4,8 @@ padding and stale steps."""
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
-from numbakv.errors import CapacityError, StepError
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import CapacityError, StepError
 
 from helpers import full_state, step_with
 

@@ -8,8 +8,8 @@ are the reference's."""
 import numpy as np
 import pytest
 
-from numbakv.checks import as_host
-from numbakv.errors import StepError
+from numbakv.core.arrays import as_host
+from numbakv.core.errors import StepError
 from numbakv.reference import CellCache as ReferenceCache
 
 from helpers import small_config, step_with
@@ -106,7 +106,7 @@ def read_only(array: np.ndarray) -> np.ndarray:
 
 def test_a_numba_out_of_the_device_cache_is_returned_for_a_torch_q():
     """The device cache's `out=` (a device array) is what it returns, whatever q's kind."""
-    from numbakv.cache import CellCache as DeviceCache
+    from numbakv import CellCache as DeviceCache
     from numbakv.cache.cuda import cuda
 
     cache = DeviceCache(small_config())

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.core.errors import CapacityError, SequenceError, StepError
 
 from helpers import full_state, step_with
 

@@ -1,4 +1,4 @@
-"""`numbakv.device_model.DeviceModel` against `numbakv.serve.model.Model`: the same logits
+"""`numbakv.DeviceModel` against `numbakv.serve.model.Model`: the same logits
 (within 1e-5 of each row's largest |logit|) over steps with padding, clones and rewinds, for
 global and sliding windows and GQA ratios 1, 2 and 4; the same refusals; its config checks.
 
@@ -11,11 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv.cache import CellCache
-from numbakv.config import CacheConfig
-from numbakv.device_model import DeviceModel
+from numbakv import CellCache, DeviceModel
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.device_model.weights import rotary_table
-from numbakv.errors import ConfigError, StepError
 from numbakv.reference import CellCache as RefCache
 from numbakv.serve.model import Model, ModelConfig
 
@@ -193,19 +192,6 @@ def test_run_of_an_unstaged_step_and_logits_past_the_staged_ones_are_refused():
     second = pair.dev.prepare_step()
     with pytest.raises(StepError, match="not staged"):
         pair.dm.run(pair.dev, second)
-
-
-def test_the_old_keywords_warn_and_still_work():
-    pair = Pair(small_model(windows=(0,)))
-    pair.dev.declare_step([pair.dev.seq_new()] * 2)
-    step = pair.dev.prepare_step()
-    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.forward\(rows=\) is .*logits_at="):
-        old = pair.dm.forward(pair.dev, step, [1, 2], rows=[1, 0])
-    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.logits\(n_rows=\) is .*\(n=\)"):
-        np.testing.assert_array_equal(pair.dm.logits(n_rows=2), old)
-    with pytest.warns(DeprecationWarning, match=r"DeviceModel\.stage\(rows=\) is .*logits_at="):
-        pair.dm.stage(pair.dev, step, [1, 2], rows=[1])
-    np.testing.assert_array_equal(pair.dm.logits(n=0), old[:0])
 
 
 def test_a_stale_step_is_refused():

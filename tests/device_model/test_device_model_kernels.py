@@ -122,12 +122,3 @@ def test_lm_head_reads_only_the_tokens_of_logits_at(grid):
     got = out.copy_to_host()
     close(got[: len(logits_at)], rms_norm(x[logits_at], norm_w, EPS) @ w)
     assert (got[len(logits_at) :] == 7).all()  # rows past the count are untouched
-
-
-def test_the_old_names_of_the_inputs_layout_warn_and_still_work():
-    with pytest.warns(DeprecationWarning, match=r"kernels\.ROWS is .*kernels\.LOGITS_AT"):
-        assert kernels.ROWS == LOGITS_AT
-    with pytest.warns(DeprecationWarning, match=r"kernels\.ROW_MAP is .*kernels\.TOKEN_MAP"):
-        assert kernels.ROW_MAP == kernels.TOKEN_MAP
-    with pytest.raises(AttributeError, match="no attribute 'COLUMNS'"):
-        kernels.COLUMNS  # noqa: B018

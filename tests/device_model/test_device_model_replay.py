@@ -8,9 +8,8 @@ allocation or synchronization) and `stage` makes one copy.
 import numpy as np
 import pytest
 
-from numbakv.cache import CellCache
+from numbakv import CellCache, DeviceModel
 from numbakv.cache.cuda import IS_SIMULATOR
-from numbakv.device_model import DeviceModel
 from numbakv.serve.model import Model, ModelConfig
 
 CONFIG = ModelConfig(

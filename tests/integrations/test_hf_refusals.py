@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.integrations import hf_config as hf_config_module
 from numbakv.integrations.transformers import TransformersModel, cache_config
 from numbakv.reference import CellCache

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
 from numbakv.integrations.transformers import TransformersModel, cache_config, eos_ids
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine

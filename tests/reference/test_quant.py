@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv.formats import BLOCK, bits_per_value, head_bytes
+from numbakv.core.formats import BLOCK, bits_per_value, head_bytes
 from numbakv.reference import quant
 
 F32 = np.float32

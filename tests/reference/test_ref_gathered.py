@@ -26,7 +26,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numbakv.checks import default_scale
+from numbakv.core.calls import default_scale
 from numbakv.reference import CellCache, solo_attention
 from numbakv.reference import step as step_module
 from numbakv.reference.attention import attend_gathered

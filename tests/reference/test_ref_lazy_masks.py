@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv.errors import StepError
+from numbakv.core.errors import StepError
 from numbakv.reference import CellCache
 from numbakv.reference.step import window_mask
 

@@ -7,7 +7,7 @@ its touched cells to whole-table snapshots (tests/viz/test_recorder_touched.py).
 import numpy as np
 import pytest
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.reference import CellCache
 from numbakv.reference.table import CellTable
 

@@ -30,8 +30,8 @@ small capacities with a tiny first allocation, so the pool grows often and fills
 import numpy as np
 import pytest
 
-from numbakv.config import TOLERANCE
-from numbakv.errors import StepError
+from numbakv.core.config import TOLERANCE
+from numbakv.core.errors import StepError
 from numbakv.reference import CellCache
 from numbakv.testing import Op, check_cache
 

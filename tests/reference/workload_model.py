@@ -1,7 +1,7 @@
 """The reference's random workloads: the configs they draw, and `NaiveCache`, the whole
 contract (docs/contract.md §2-§6) as plain Python, a complete `numbakv.testing.CacheUnderTest`
 the reference is held to: dicts, lists and sets, nothing shared with `reference/` and none
-of `numbakv.checks`.
+of `numbakv.core.calls`.
 
 - The table: each live sequence's cells in position order, each occupied cell's position
   and owners; placement, ids, clone/rm/rewind/clear, growth and the mask rule follow
@@ -16,10 +16,10 @@ of `numbakv.checks`.
 import numpy as np
 from hypothesis import strategies as st
 
-from numbakv.config import TOLERANCE, CacheConfig
-from numbakv.errors import CapacityError, SequenceError, StepError
+from numbakv.core.config import TOLERANCE, CacheConfig
+from numbakv.core.errors import CapacityError, SequenceError, StepError
+from numbakv.core.snapshot import Snapshot
 from numbakv.reference import solo_attention
-from numbakv.snapshot import Snapshot
 from numbakv.testing.refusals import index
 
 from helpers import as_storage, pool_values

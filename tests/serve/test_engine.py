@@ -10,14 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv
-from numbakv.errors import AllocationError, CapacityError, ConfigError
+from numbakv.core.errors import AllocationError, CapacityError, ConfigError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep, LockstepError
-from numbakv.serve.model import encode
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task
+from numbakv.serve.tokenizer import encode
 
 from helpers import FlakyAllocator, solo_generate, tiny_model
 

@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from numbakv.errors import AllocationError, ConfigError, ObserverError
+from numbakv import Recorder
+from numbakv.core.errors import AllocationError, ConfigError, ObserverError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
-from numbakv.trace import Recorder
 
 from helpers import FlakyAllocator, tiny_model
 

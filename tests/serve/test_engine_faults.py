@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 
-from numbakv.errors import StepError
+from numbakv.core.errors import StepError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
-from numbakv.serve.model import encode
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
+from numbakv.serve.tokenizer import encode
 
 from helpers import solo_generate, tiny_model
 

@@ -7,7 +7,7 @@ import pytest
 
 import numbakv
 from examples.paged_cache import PagedCache
-from numbakv.errors import CapacityError, ConfigError, ObserverError
+from numbakv.core.errors import CapacityError, ConfigError, ObserverError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor

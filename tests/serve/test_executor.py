@@ -7,12 +7,19 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from numbakv.errors import AllocationError, CapacityError, ConfigError, SequenceError, StepError
+from numbakv.core.errors import (
+    AllocationError,
+    CapacityError,
+    ConfigError,
+    SequenceError,
+    StepError,
+)
 from numbakv.reference import CellCache
-from numbakv.serve.executor import Executor, Input
-from numbakv.serve.model import encode
+from numbakv.serve.batch import Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.plan import plan_slices
 from numbakv.serve.sampling import GREEDY, Sampling, sample_token
+from numbakv.serve.tokenizer import encode
 
 from helpers import FlakyAllocator, dense_logits, full_state, solo_generate, tiny_model
 

@@ -4,12 +4,12 @@ token for token those of eager forwards and of the NumPy model on the reference 
 
 import pytest
 
-from numbakv.cache import CellCache
-from numbakv.device_model import DeviceModel
-from numbakv.errors import ConfigError
+from numbakv import CellCache, DeviceModel
+from numbakv.core.errors import ConfigError
 from numbakv.reference import CellCache as RefCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep
 from numbakv.serve.sampling import Sampling
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from numbakv.errors import ObserverError
-from numbakv.observe import locked
+from numbakv.core.errors import ObserverError
+from numbakv.core.observe import locked
 from numbakv.serve.faults import Observed, completes
 
 

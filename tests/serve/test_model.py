@@ -4,9 +4,10 @@ one, at any vocabulary size; save and load."""
 import numpy as np
 import pytest
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.reference import CellCache
-from numbakv.serve.model import Model, ModelConfig, encode, rotate, weight_shapes
+from numbakv.serve.model import Model, ModelConfig, rotate, weight_shapes
+from numbakv.serve.tokenizer import encode
 
 from helpers import dense_logits, step_with, tiny_model
 

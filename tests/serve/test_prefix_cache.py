@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import numbakv
 from examples.paged_cache import PagedCache
-from numbakv.errors import ConfigError, ObserverError, SequenceError
+from numbakv.core.errors import ConfigError, ObserverError, SequenceError
 from numbakv.reference import CellCache
 from numbakv.serve.prefix import PrefixCache
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 import numbakv
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
 from numbakv.reference import CellCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor

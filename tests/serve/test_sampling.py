@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
 from numbakv.serve.sampling import GREEDY, Sampling, sample_token
 
 LOGITS = np.array([1.0, 3.0, 0.5, 2.0, -1.0, 2.9], dtype=np.float32)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import numbakv
-from numbakv.errors import CapacityError, ConfigError, SequenceError, StateError
+from numbakv.core.errors import CapacityError, ConfigError, SequenceError, StateError
+from numbakv.core.seq_state import SeqState
 from numbakv.reference import CellCache
 from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
@@ -23,7 +24,6 @@ from numbakv.serve.host_tier import tail
 from numbakv.serve.lockstep import Lockstep
 from numbakv.serve.prefix import PrefixCache
 from numbakv.serve.sampling import Sampling
-from numbakv.state import SeqState
 
 from helpers import tiny_model
 

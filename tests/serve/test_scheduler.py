@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numbakv.errors import ConfigError
+from numbakv.core.errors import ConfigError
 from numbakv.serve.scheduler import DecodeFirstScheduler, Task, Work
 
 from helpers import stable_id

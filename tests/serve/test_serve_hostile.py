@@ -8,10 +8,11 @@ import copy
 import numpy as np
 import pytest
 
-from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
+from numbakv.core.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep
 from numbakv.serve.model import Model, ModelConfig
 from numbakv.serve.sampling import GREEDY, Sampling

@@ -8,14 +8,15 @@ import itertools
 
 import pytest
 
-from numbakv.errors import AllocationError, ObserverError, SequenceError
+from numbakv.core.errors import AllocationError, ObserverError, SequenceError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input, Output
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input, Output
+from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep
-from numbakv.serve.model import encode
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
+from numbakv.serve.tokenizer import encode
 
 from helpers import FlakyAllocator, tiny_model
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.sampling import Sampling
 from numbakv.serve.scheduler import DecodeFirstScheduler
 

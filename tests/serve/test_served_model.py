@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import numbakv
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.reference import CellCache
 from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
@@ -43,7 +43,7 @@ def executor(model, cache_class=CellCache) -> Executor:
 def test_numbakv_models_answer_the_protocol():
     assert isinstance(MODEL, ServedModel) and not isinstance(MODEL, CapturedModel)
     assert isinstance(OwnModel(MODEL), ServedModel)
-    from numbakv.device_model import DeviceModel
+    from numbakv import DeviceModel
 
     config = MODEL.config.cache_config(capacity=8, max_width=2, max_seqs=1)
     assert isinstance(DeviceModel(MODEL, config), CapturedModel)

@@ -2,7 +2,6 @@
 functions `numbakv.serve.model` still exports."""
 
 import numbakv
-from numbakv.serve import model, tokenizer
 from numbakv.serve.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer, decode, encode
 
 TEXT = "cells — ünïcode ✓"
@@ -21,7 +20,6 @@ def test_byte_tokenizer_round_trip():
 def test_the_module_functions_are_the_byte_tokenizer():
     assert encode(TEXT) == BYTE_TOKENIZER.encode(TEXT)
     assert decode([0xE2, 0x9C, 0x93, 0xC3]) == BYTE_TOKENIZER.decode([0xE2, 0x9C, 0x93, 0xC3])
-    assert (model.encode, model.decode) == (tokenizer.encode, tokenizer.decode)
 
 
 class Letters:

@@ -6,10 +6,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from numbakv.errors import ConfigError, StepError
+from numbakv.core.errors import ConfigError, StepError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.lockstep import Lockstep
 from numbakv.serve.sampling import Sampling
 

@@ -1,4 +1,4 @@
-"""The saved-state file (docs/contract.md §13, `numbakv.state.file`): `SeqState.save` then
+"""The saved-state file (docs/contract.md §13, `numbakv.core.seq_file`): `SeqState.save` then
 `SeqState.load` gives back an equal state in every storage format, and a damaged, hostile
 or inconsistent file is a StateError naming the file and the reason — never another
 exception, never a different state."""
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbakv.config import CacheConfig
-from numbakv.errors import StateError
-from numbakv.formats import ARRAY_DTYPES, FORMATS
-from numbakv.state import Geometry, SeqState
-from numbakv.state.file import VERSION, checksum, header_checksum
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import StateError
+from numbakv.core.formats import ARRAY_DTYPES, FORMATS
+from numbakv.core.seq_file import VERSION, checksum, header_checksum
+from numbakv.core.seq_state import Geometry, SeqState
 
 from helpers import npy
 

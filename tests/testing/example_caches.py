@@ -9,8 +9,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from numbakv.config import CacheConfig
-from numbakv.errors import StepError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import StepError
 from numbakv.reference import CellCache
 from numbakv.testing import Divergence, Op, run_script
 from numbakv.testing.ops import step_inputs

@@ -8,13 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from numbakv.testing.attention import (
-    AttentionCheckResult,
-    CellsInputs,
-    PagedInputs,
-    attention_cases,
-    check_attention,
-)
+from numbakv.testing.attention import attention_cases, check_attention
+from numbakv.testing.attention_types import AttentionCheckResult, CellsInputs, PagedInputs
 
 FAST = {"block_size": 4, "n_cases": 24, "head_dim": 8}
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from example_caches import assert_witness, load_example, step
 
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
 from numbakv.reference import CellCache
 from numbakv.testing import KINDS, CacheUnderTest, Divergence, Op, Runner, check_cache
 from numbakv.testing.ops import apply

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from example_caches import load_example, step
 
-from numbakv.config import TOLERANCE, CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.config import TOLERANCE, CacheConfig
+from numbakv.core.errors import ConfigError
 from numbakv.testing import Op, run_script
 
 SHAPE = dict(n_layers=2, n_kv_heads=1, head_dim=32, capacity=16, max_width=4, max_seqs=2)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from example_caches import load_example
 
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
+from numbakv.core.seq_state import SeqState
 from numbakv.reference import CellCache
-from numbakv.state import SeqState
 from numbakv.testing import DEFAULT_CONFIGS, KINDS, Divergence, check_cache
 from numbakv.testing.hazards import edges, reload_into_holes, scripts
 from numbakv.testing.ops import apply

@@ -14,7 +14,7 @@ import pytest
 
 from numbakv.reference import CellCache
 from numbakv.testing import DEFAULT_CONFIGS, Divergence, Op, check_cache, decode, run_script
-from numbakv.testing.oplog import load_ops
+from numbakv.testing.oplog_file import load_ops
 from numbakv.testing.ops import VERBS
 from numbakv.testing.workloads import ALL_KINDS, CODES, GROUPS, Swarm, hostile_ids
 

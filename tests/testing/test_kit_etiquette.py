@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from example_caches import load_example
 
-from numbakv.errors import CapacityError
+from numbakv.core.errors import CapacityError
 from numbakv.reference import CellCache
 from numbakv.reference.step import Step
 from numbakv.testing import DEFAULT_CONFIGS, Divergence, Op, check_cache, run_script

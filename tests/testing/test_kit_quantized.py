@@ -6,7 +6,7 @@ fp8 without its scale — each in bytes the reference would not store."""
 import numpy as np
 import pytest
 
-from numbakv.formats import BLOCK
+from numbakv.core.formats import BLOCK
 from numbakv.reference import CellCache
 from numbakv.testing import QUANTIZED_CONFIGS, Divergence, check_cache
 

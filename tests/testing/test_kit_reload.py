@@ -8,9 +8,9 @@ that scrambles the order."""
 
 import pytest
 
-from numbakv.errors import CapacityError
+from numbakv.core.errors import CapacityError
+from numbakv.core.seq_state import SeqState
 from numbakv.reference import CellCache
-from numbakv.state import SeqState
 from numbakv.testing import Divergence, check_cache
 from numbakv.testing.workloads import KINDS
 
@@ -88,9 +88,9 @@ def test_each_planted_reload_bug_is_caught(cls):
 def test_a_trace_with_loads_replays_as_clones_and_steps():
     """`trace_ops` turns a recorded seq_load into the ops that place what it placed: the
     replayed table equals the recorded one, frame by frame of the verbs."""
-    from numbakv.config import CacheConfig
+    from numbakv import Recorder
+    from numbakv.core.config import CacheConfig
     from numbakv.testing.from_trace import trace_ops
-    from numbakv.trace import Recorder
 
     config = CacheConfig(n_layers=1, n_kv_heads=1, head_dim=4, capacity=24, max_width=3,
                          max_seqs=4)  # fmt: skip

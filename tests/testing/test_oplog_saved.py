@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 import numbakv
-from numbakv.errors import CacheError
+from numbakv.core.errors import CacheError
 from numbakv.reference import CellCache
-from numbakv.testing.oplog import OpLog, load_ops
-from numbakv.testing.ops import Divergence, Op, apply
+from numbakv.testing.op import Op
+from numbakv.testing.oplog import OpLog
+from numbakv.testing.oplog_file import load_ops
+from numbakv.testing.ops import Divergence, apply
 from numbakv.testing.replay import replay
 
 from helpers import small_config

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from example_caches import load_example
 
-from numbakv.config import TOLERANCE, CacheConfig
-from numbakv.errors import CacheError, ConfigError, StepError
+from numbakv.core.config import TOLERANCE, CacheConfig
+from numbakv.core.errors import CacheError, ConfigError, StepError
 from numbakv.reference import CellCache
 from numbakv.testing import Divergence, Op, run_script
 from numbakv.testing.protocol import CacheUnderTest, StepLike

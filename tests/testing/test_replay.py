@@ -9,14 +9,18 @@ from example_caches import load_example
 
 import numbakv
 from numbakv.cli import main
-from numbakv.errors import SequenceError, StepError
+from numbakv.core.errors import SequenceError, StepError
 from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
 from numbakv.serve.engine import Engine
-from numbakv.serve.executor import Executor, Input
+from numbakv.serve.executor import Executor
 from numbakv.serve.sampling import Sampling
-from numbakv.testing.oplog import OpLog, load_ops
-from numbakv.testing.ops import Divergence, Op
-from numbakv.testing.replay import replay, shrink_ops
+from numbakv.testing.op import Op
+from numbakv.testing.oplog import OpLog
+from numbakv.testing.oplog_file import load_ops
+from numbakv.testing.ops import Divergence
+from numbakv.testing.replay import replay
+from numbakv.testing.shrink import shrink_ops
 
 from helpers import tiny_model
 
@@ -234,8 +238,8 @@ def test_cli_replay_refuses_a_damaged_file(tmp_path, capsys):
 def traced(tmp_path_factory):
     """(path of the .npz trace, the trace's ops, the OpLog's ops) of `serve` on the reference,
     recorded both ways: the Recorder's frames of every verb and the OpLog."""
+    from numbakv import Recorder
     from numbakv.testing.from_trace import trace_ops
-    from numbakv.trace import Recorder
 
     cache = CellCache(CONFIG)
     recorder, log = Recorder(cache, every_verb=True), OpLog(cache)
@@ -259,7 +263,7 @@ def test_a_trace_of_every_verb_gives_the_same_workload_as_the_op_log(traced):
 
 
 def test_a_trace_replays_into_any_cache_and_a_broken_one_shrinks(traced, capsys):
-    from numbakv.trace import load_trace
+    from numbakv import load_trace
 
     path, ops, _ = traced
     replay(load_trace(path), CellCache)
@@ -271,8 +275,8 @@ def test_a_trace_replays_into_any_cache_and_a_broken_one_shrinks(traced, capsys)
 
 
 def test_a_trace_of_steps_only_is_refused_for_replay():
+    from numbakv import Recorder
     from numbakv.testing.from_trace import trace_ops
-    from numbakv.trace import Recorder
 
     cache = CellCache(CONFIG)
     recorder = Recorder(cache)  # a frame per step only: the verbs between are unknown

@@ -10,11 +10,12 @@ from dataclasses import asdict
 import pytest
 
 from numbakv.cli import main
-from numbakv.config import CacheConfig
+from numbakv.core.config import CacheConfig
 from numbakv.reference import CellCache
 from numbakv.testing import oplog_file
-from numbakv.testing.oplog import load_ops
-from numbakv.testing.ops import Divergence, Op
+from numbakv.testing.op import Op
+from numbakv.testing.oplog_file import load_ops
+from numbakv.testing.ops import Divergence
 from numbakv.testing.replay import replay
 
 CONFIG = CacheConfig(n_layers=2, n_kv_heads=2, head_dim=4, windows=(0, 2), capacity=16,

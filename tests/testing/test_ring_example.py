@@ -14,8 +14,8 @@ from example_caches import (
     step,
 )
 
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
 from numbakv.reference import CellCache
 from numbakv.testing import CacheUnderTest, Op, Runner
 from numbakv.testing.ops import apply

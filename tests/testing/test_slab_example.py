@@ -15,8 +15,8 @@ from example_caches import (
     step,
 )
 
-from numbakv.config import CacheConfig
-from numbakv.errors import ConfigError
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import ConfigError
 from numbakv.testing import CacheUnderTest, Op
 from numbakv.testing.ops import step_inputs
 

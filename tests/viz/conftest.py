@@ -2,8 +2,8 @@
 
 import pytest
 
+from numbakv import Recorder
 from numbakv.reference import CellCache
-from numbakv.trace import Recorder
 
 from helpers import churn, small_config
 

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from trace_members import bitsets, header_of, members_of, with_members, write_zip
 
-from numbakv.errors import ConfigError, TraceError
+from numbakv import Recorder, Trace, load_trace
+from numbakv.core.errors import ConfigError, TraceError
 from numbakv.reference import CellCache
-from numbakv.trace import Annotation, Recorder, Trace, load_trace
+from numbakv.trace import Annotation
 from numbakv.trace.file import STEP_EVENT
 
 from helpers import churn, npy, small_config, stable_id, step_with

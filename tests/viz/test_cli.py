@@ -11,11 +11,11 @@ import pytest
 from matplotlib.figure import Figure
 
 import numbakv
-from numbakv import trace
+from numbakv import Recorder
 from numbakv.cli import demo, main
 from numbakv.reference import CellCache
 from numbakv.serve.lockstep import LockstepError
-from numbakv.trace import Recorder
+from numbakv.trace import frames
 from numbakv.viz import render_text
 
 from helpers import small_config, step_with
@@ -186,7 +186,7 @@ def test_demo_run_checks_its_arguments_first(monkeypatch, kwargs, error, match):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Makes load_trace fail the test: the command must stop before it."""
-    monkeypatch.setattr(trace, "load_trace", lambda path: pytest.fail("the trace was loaded"))
+    monkeypatch.setattr(frames, "load_trace", lambda path: pytest.fail("the trace was loaded"))
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pytest
 
+from numbakv import load_trace
 from numbakv.cli import demo
 from numbakv.reference import CellCache
 from numbakv.serve.tokenizer import BYTE_TOKENIZER
-from numbakv.trace import load_trace
 from numbakv.viz import render_text
 
 from helpers import small_config, step_with

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
+from numbakv import CacheConfig, Recorder, Trace, load_trace
 from numbakv.cli import main as cli_main
-from numbakv.reference import CacheConfig, CellCache
-from numbakv.trace import Recorder, Trace, load_trace
+from numbakv.reference import CellCache
 
 from scheduler_workload import Workload
 

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numbakv import Recorder
 from numbakv.reference import CellCache
-from numbakv.trace import Recorder
 from numbakv.trace.free_runs import FreeRuns
 from numbakv.trace.scan import largest_free_run
 

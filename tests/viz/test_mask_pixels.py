@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from numbakv import Recorder
 from numbakv.reference import CellCache
 from numbakv.reference.step import window_mask
-from numbakv.trace import Recorder
 from numbakv.viz import mask_pixels
 from numbakv.viz.pixels import PAIRS_PER_BLOCK, _blocks
 

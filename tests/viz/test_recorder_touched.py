@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbakv
+from numbakv import Recorder
+from numbakv.core.snapshot import Snapshot
 from numbakv.reference import CellCache as RefCache
-from numbakv.snapshot import Snapshot
-from numbakv.trace import Recorder
 from numbakv.trace.scan import TableReplay
 
 from helpers import Snapshots, churn, small_config

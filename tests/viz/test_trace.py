@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numbakv.errors import SequenceError, TraceError
+from numbakv import Recorder, Trace, load_trace
+from numbakv.core.errors import SequenceError, TraceError
 from numbakv.reference import CellCache
-from numbakv.trace import Recorder, Trace, load_trace
 
 from helpers import Snapshots, churn, npy, small_config, step_with
 

@@ -8,8 +8,8 @@ import copy
 import numpy as np
 import pytest
 
-from numbakv.errors import TraceError
-from numbakv.trace import Trace, load_trace
+from numbakv import Trace, load_trace
+from numbakv.core.errors import TraceError
 
 import trace_variants as fuzz
 

@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from numbakv.errors import TraceError
+from numbakv import Recorder, Trace
+from numbakv.core.errors import TraceError
+from numbakv.core.snapshot import SHARED
 from numbakv.reference import CellCache
-from numbakv.snapshot import SHARED
-from numbakv.trace import Recorder, Trace
 
 from helpers import Snapshots, small_config, step_with
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
+from numbakv import Recorder
+from numbakv.core.snapshot import FREE, SHARED
 from numbakv.reference import CellCache
-from numbakv.snapshot import FREE, SHARED
-from numbakv.trace import Recorder
 from numbakv.viz import (
     owner_pixels,
     owners_of,

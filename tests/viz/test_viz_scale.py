@@ -8,10 +8,11 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 from PIL import Image
 
+from numbakv import CacheConfig, Recorder
 from numbakv.cli import main
-from numbakv.reference import CacheConfig, CellCache
-from numbakv.snapshot import Snapshot
-from numbakv.trace import Recorder, TraceStep
+from numbakv.core.snapshot import Snapshot
+from numbakv.reference import CellCache
+from numbakv.trace import TraceStep
 from numbakv.viz import (
     owner_pixels,
     owners_of,
@@ -176,7 +177,7 @@ def test_cli_new_kinds_and_zoom(small_trace_path, tmp_path, kind, out, capsys):
 
 
 def test_cli_zoom_is_the_python_zoom(small_trace_path, tmp_path):
-    from numbakv.trace import load_trace
+    from numbakv import load_trace
 
     out = tmp_path / "cli.png"
     zoom = ["--steps", "5:30", "--cells", "8:40", "--bin", "3", "--dpi", "50"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numbakv.trace import load_trace
+from numbakv import load_trace
 from numbakv.trace.scan import TableReplay
 
 from helpers import npy

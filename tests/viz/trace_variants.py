@@ -36,9 +36,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from numbakv.errors import TraceError
-from numbakv.reference import CacheConfig, CellCache
-from numbakv.trace import Recorder, Trace, load_trace
+from numbakv import CacheConfig, Recorder, Trace, load_trace
+from numbakv.core.errors import TraceError
+from numbakv.reference import CellCache
 
 CONFIG = CacheConfig(
     n_layers=2, n_kv_heads=1, head_dim=4, windows=(0, 2), capacity=24, max_width=6,

@@ -12,7 +12,7 @@ import numpy as np
 
 from numbakv.cache.cuda import add_rn, float_as_int, int_as_float, mul_rn
 from numbakv.cache.kernels import device_function
-from numbakv.formats import BLOCK
+from numbakv.core.formats import BLOCK
 
 FLOAT, BFLOAT16, Q8_0, Q4_0, FP8 = 0, 1, 2, 3, 4  # the storage kinds' codes in kernels
 Q8_BYTES, Q4_BYTES = 2 + BLOCK, 2 + BLOCK // 2

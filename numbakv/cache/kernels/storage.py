@@ -51,7 +51,7 @@ def unit_scales(n_kv_heads: int, stream):
 
 
 def kind(fmt: str) -> str:
-    """Which kernels a pool of format `fmt` (numbakv.formats) takes: "float" for float32
+    """Which kernels a pool of format `fmt` (numbakv.core.formats) takes: "float" for float32
     and float16, else the format itself."""
     return "float" if fmt in FLOAT_STORAGE else fmt
 

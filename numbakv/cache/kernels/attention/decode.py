@@ -30,7 +30,7 @@ from numbakv.cache.kernels.attention.lanes import VEC
 from numbakv.cache.kernels.attention.tiles import PARTIALS
 from numbakv.cache.kernels.placement import KV_SCALES, PAIRS, io_name, kind_name
 from numbakv.cache.kernels.step_buffer import SCALARS, STEP, WIDTH
-from numbakv.formats import head_bytes
+from numbakv.core.formats import head_bytes
 
 ROW_HEADS = 2  # query heads per row group: 2 x TILE scores a step, one `wide.lane_sum4`
 MAX_WARPS = 4  # warps per block, at most: the kernel takes its count from the launch
@@ -341,7 +341,7 @@ def served_bytes(name: str, index: int) -> int | None:
 
 
 def _format(kind: str, dtype: str) -> str:
-    """The storage format (`numbakv.formats`) of a pool of `kind` and `dtype`."""
+    """The storage format (`numbakv.core.formats`) of a pool of `kind` and `dtype`."""
     return dtype if kind == "float" else kind
 
 

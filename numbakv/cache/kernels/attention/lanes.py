@@ -21,7 +21,7 @@ import numpy as np
 
 from numbakv.cache.cuda import int_as_float
 from numbakv.cache.kernels import device_function, quant, wide
-from numbakv.formats import BLOCK
+from numbakv.core.formats import BLOCK
 
 VEC = wide.VEC
 ONE = np.float32(1.0)

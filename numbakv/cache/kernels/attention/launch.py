@@ -36,7 +36,7 @@ from numbakv.cache.kernels.launch import (
     launch_dims,
     n_sms,
 )
-from numbakv.formats import row_width
+from numbakv.core.formats import row_width
 
 DECODE_MAX_WIDTH = 8  # steps up to this width run the decode (split) kernels
 MAX_SPLITS = 32  # splits per token, at most

@@ -4,18 +4,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv.checks import at_most, int_at_least
-from numbakv.config_formats import (
+from numbakv.core.errors import ConfigError
+from numbakv.core.formats import (
+    ARRAY_DTYPES,
+    FORMATS,
     Formats,
     check_blocks,
     format_name,
+    head_bytes,
     resolve_formats,
     resolve_scales,
+    row_width,
 )
-from numbakv.errors import ConfigError
-from numbakv.formats import ARRAY_DTYPES, FORMATS, head_bytes, row_width
+from numbakv.core.values import at_most, int_at_least
 
-STORAGE_DTYPES = FORMATS  # every storage format (numbakv.formats)
+STORAGE_DTYPES = FORMATS  # every storage format (numbakv.core.formats)
 # How far an attention output may be from the reference's and count as the same: relative to
 # max(1, the largest |value| of its row), by the dtype its arithmetic rounds to. Every numbakv
 # kernel, and the reference, compute in float32 whatever they store, so they are held to the
@@ -49,7 +52,7 @@ class CacheConfig:
                     positions; default all global
     initial_cells : rows of the first allocation (it may be larger if a step needs
                     more); default min(256, capacity)
-    dtype         : storage format of K and V (`numbakv.formats`): "float32", "float16",
+    dtype         : storage format of K and V (`numbakv.core.formats`): "float32", "float16",
                     "bfloat16", "q8_0", "q4_0" or "fp8_e4m3"
     max_seq_len   : positions one sequence may hold, which bounds the device's
                     position -> cell table [max_seqs, max_seq_len] int32 for gathered

@@ -1,6 +1,6 @@
 """The saved-state file (docs/contract.md §13): one `.npz` of plain arrays that
 `SeqState.save` writes and `SeqState.load` reads without trusting it (numba-free). Below
-`numbakv.state.seq_state`: it reads a file into the fields of a state, and the state is
+`numbakv.core.seq_state`: it reads a file into the fields of a state, and the state is
 made from them there.
 
 Its members, each an `.npy`:
@@ -15,11 +15,11 @@ Its members, each an `.npy`:
     tokens        only when the state has them: [s + n] int64, the token ids of positions
                   0 .. s + n - 1
     k_<i>, v_<i>  [n, n_kv_heads, row_width] of layer i's K (V) format's array dtype
-                  (`numbakv.formats`: ARRAY_DTYPES, row_width), entry j for positions[j]
+                  (`numbakv.core.formats`: ARRAY_DTYPES, row_width), entry j for positions[j]
 
 Written stored, not deflated: K/V bytes hardly compress. `read_state` refuses with a
 StateError naming the file and the reason, before any K/V is allocated, what `write_state`
-never writes: the damaged and hostile archives and members `numbakv.npz` refuses, a header
+never writes: the damaged and hostile archives and members `numbakv.core.npz` refuses, a header
 that is not such an object (another magic or version, a missing or extra field, a value of
 another type, a geometry no cache has: `geometry_fields`), a member missing or extra for
 the geometry's layers, a member whose dtype or shape is not what the header implies; and,
@@ -32,19 +32,16 @@ import json
 import os
 import re
 import zipfile
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from numbakv import npz
-from numbakv.config import INT32_MAX, CacheConfig
-from numbakv.errors import CacheError, StateError
-from numbakv.formats import ARRAY_DTYPES, row_width
-from numbakv.npz import short
-from numbakv.paths import new_file
-
-if TYPE_CHECKING:
-    from numbakv.state.seq_state import SeqState
+from numbakv.core import npz
+from numbakv.core.config import INT32_MAX, CacheConfig
+from numbakv.core.errors import CacheError, StateError
+from numbakv.core.formats import ARRAY_DTYPES, row_width
+from numbakv.core.paths import new_file
+from numbakv.core.values import short_repr
 
 VERSION = 1  # of the state (`SeqState.version`) and of its file
 MAGIC = "numbakv-seqstate"
@@ -79,11 +76,26 @@ def header_checksum(header: dict) -> str:
 def state_path(path) -> "os.PathLike":
     """`path` (a str or an os.PathLike) as given, else StateError naming it."""
     if not isinstance(path, str | os.PathLike):
-        raise StateError(f"a state's path is a str or a path, got {short(path)}")
+        raise StateError(f"a state's path is a str or a path, got {short_repr(path)}")
     return path
 
 
-def write_state(path, state: "SeqState") -> None:
+class Saved(Protocol):
+    """What `write_state` reads of a state: `SeqState`'s fields (this module is below it)."""
+
+    version: int
+    geometry: object  # a Geometry: `as_dict()` and `n_layers`
+    positions: np.ndarray
+    tokens: np.ndarray | None
+    k: tuple[np.ndarray, ...]
+    v: tuple[np.ndarray, ...]
+    start: int
+
+    @property
+    def n_tokens(self) -> int: ...
+
+
+def write_state(path, state: Saved) -> None:
     """Writes `state` to `path` (any name: no suffix is added) as one stored `.npz`: its
     header, positions ([n] int32), tokens when it has them ([end] int64) and each layer's K
     and V ([n, n_kv_heads, row_width] of their storage dtypes); StateError for a folder, a
@@ -136,7 +148,7 @@ def _read(archive: zipfile.ZipFile, size: int) -> Fields:
     names = member_names(n_layers, "tokens" in checksums)
     extra = [name for name in members if name not in names]
     if extra:
-        member = short(f"{extra[0]}.npy")
+        member = short_repr(f"{extra[0]}.npy")
         raise npz.Refused(f"it holds a member {member}, which a state of {n_layers} layers has not")
     missing = [name for name in names if name not in members]
     if missing:
@@ -167,21 +179,25 @@ def _header(header: object) -> tuple[dict, int, int, dict[str, str]]:
     """(geometry, n_tokens, start, checksums) of a state file's parsed header, each checked;
     npz.Refused naming the first field that is not as `write_state` writes it."""
     if not isinstance(header, dict):
-        raise npz.Refused(f"its header is {short(header)}, not a JSON object")
+        raise npz.Refused(f"its header is {short_repr(header)}, not a JSON object")
     if header.get("magic") != MAGIC:
-        raise npz.Refused(f"its header's magic is {short(header.get('magic'))}, not {MAGIC!r}")
+        raise npz.Refused(f"its header's magic is {short_repr(header.get('magic'))}, not {MAGIC!r}")
     version = header.get("version")
     if type(version) is not int or version != VERSION:
-        raise npz.Refused(f"it is a version {short(version)} state; this numbakv reads {VERSION}")
+        raise npz.Refused(
+            f"it is a version {short_repr(version)} state; this numbakv reads {VERSION}"
+        )
     if sorted(header) != sorted((*FIELDS, "checksums")):
         raise npz.Refused(
-            f"its header has the fields {short(sorted(header))}, not {[*FIELDS, 'checksums']}"
+            f"its header has the fields {short_repr(sorted(header))}, not {[*FIELDS, 'checksums']}"
         )
     geometry = geometry_fields(header["geometry"])
     n, start = header["n_tokens"], header["start"]
     for name, value in (("n_tokens", n), ("start", start)):
         if type(value) is not int or not 0 <= value <= INT32_MAX:
-            raise npz.Refused(f"its header's {name} is {short(value)}, not an int in [0, 2**31)")
+            raise npz.Refused(
+                f"its header's {name} is {short_repr(value)}, not an int in [0, 2**31)"
+            )
     if start + n - 1 > INT32_MAX:
         raise npz.Refused(f"its positions {start} .. {start + n - 1} pass int32's {INT32_MAX}")
     checksums = header["checksums"]
@@ -190,7 +206,7 @@ def _header(header: object) -> tuple[dict, int, int, dict[str, str]]:
     if not isinstance(checksums, dict) or sorted(checksums) != sorted(names):
         found = sorted(checksums) if isinstance(checksums, dict) else checksums
         raise npz.Refused(
-            f"its header's checksums are of {short(found)}, not of {short(list(names))}"
+            f"its header's checksums are of {short_repr(found)}, not of {short_repr(list(names))}"
         )
     bad = [name for name in names if not isinstance(checksums[name], str)
            or not SHA256.fullmatch(checksums[name])]  # fmt: skip
@@ -212,7 +228,7 @@ def geometry_fields(values: object) -> dict:
     if not isinstance(values, dict) or sorted(values) != sorted(GEOMETRY_FIELDS):
         found = sorted(values) if isinstance(values, dict) else values
         raise npz.Refused(
-            f"its geometry has the fields {short(found)}, not {list(GEOMETRY_FIELDS)}"
+            f"its geometry has the fields {short_repr(found)}, not {list(GEOMETRY_FIELDS)}"
         )
     try:
         config = CacheConfig(
@@ -226,7 +242,7 @@ def geometry_fields(values: object) -> dict:
     for name in GEOMETRY_FIELDS:  # JSON's text of a value tells a bool, an int, a float apart
         if json.dumps(fields[name]) != json.dumps(values[name]):
             raise npz.Refused(
-                f"its geometry's {name} is {short(values[name])}, not as a cache holds it: "
-                f"{short(fields[name])}"
+                f"its geometry's {name} is {short_repr(values[name])}, not as a cache holds it: "
+                f"{short_repr(fields[name])}"
             )
     return fields

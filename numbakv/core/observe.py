@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from numbakv.checks import short_repr
-from numbakv.errors import ConfigError, ObserverError
+from numbakv.core.errors import ConfigError, ObserverError
+from numbakv.core.values import short_repr
 
 # observer(cache, event, step): event is the verb's name; step is the new Step after
 # "prepare_step" and None otherwise

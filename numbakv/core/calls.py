@@ -1,154 +1,24 @@
-"""Every check of a caller's arguments, in one module: each returns the checked value or
-raises the error its caller names (for a cache, the error of docs/contract.md §6), naming
-the bad value and what to do. Pure: they read what they are given and change nothing, and
-every call runs them before it changes anything.
+"""Checks of the arguments of the caches' verbs and steps, read against a `CacheConfig` and
+either table (docs/contract.md §6). Pure: they read what they are given, change nothing,
+and every call runs them before it changes anything.
 
-    values  integers, reals, token ids: what the config, the caches, the serving stack and
-            the command line (its argparse types, `numbakv.cli.args`) all take (file paths:
-            `numbakv.paths`)
-    calls   the arguments of the caches' verbs and steps, read against either table
-
-The calls' checks are the one piece of the refusal path the two caches share (§7 allows
-it), so a differential test cannot see a bug in them; `tests/contract/` holds each
-refusal, and the order of the checks, to a fixed expected error on both caches instead.
+They are the one piece of the refusal path the two caches share (§7 allows it), so a
+differential test cannot see a bug in them; `tests/contract/` holds each refusal, and the
+order of the checks, to a fixed expected error on both caches instead.
 """
-
-from __future__ import annotations
 
 import math
 import numbers
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from numbakv import dlpack
-from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
-
-if TYPE_CHECKING:  # checks.py is below config.py, which builds its fields on these checks
-    from numbakv.config import CacheConfig
-
-# -- values ---------------------------------------------------------------------------
-
-
-def as_int(name: str, value, error: type[Exception] = ConfigError, hint: str = "") -> int:
-    """`value` as an int, or `error` naming `name`, the value and `hint` (what to do):
-    integers are the values `operator.index` takes (int, NumPy integers, 0-d integer
-    arrays) except bools."""
-    if not isinstance(value, bool | np.bool_):
-        try:
-            return operator.index(value)
-        except Exception:  # TypeError, or whatever a hostile __index__ raises
-            pass
-    raise error(
-        f"{name} must be an integer (not a bool, float, string or None), got "
-        f"{short_repr(value)}{hint}"
-    )
-
-
-def short_repr(value) -> str:
-    """repr(value), cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def int_at_least(name: str, value, bound: int, error: type[Exception] = ConfigError) -> int:
-    """`value` as an int >= bound (bools refused), or `error` naming `name` and the bound."""
-    value = as_int(name, value, error)
-    if value < bound:
-        raise error(f"{name}={value} is below {bound}; give {name} >= {bound}")
-    return value
-
-
-def at_most(name: str, value: int, bound: int, error: type[Exception] = ConfigError) -> int:
-    """`value` (an int) when it is <= bound, else `error` naming `name` and the bound."""
-    if value > bound:
-        raise error(f"{name}={value} exceeds {bound}; give {name} <= {bound}")
-    return value
-
-
-def real(name: str, value, error: type[Exception]) -> float:
-    """`value` as a float when it is a real number (not a bool, not a str), else `error`."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
-        return float(value)
-    raise error(f"{name} must be a real number, got {value!r}")
-
-
-def token_ids(name: str, tokens, vocab_size: int, error: type[Exception]) -> list[int]:
-    """`tokens` as a non-empty list of ints in [0, vocab_size), or `error` naming the first
-    bad entry. Takes a sequence of integers or a 1-d integer array; refuses a str, bytes,
-    sets and iterators (no order or no second look), and arrays of another rank or dtype."""
-    expected = f"token ids: a non-empty list of ints in [0, {vocab_size})"
-    if isinstance(tokens, np.ndarray):
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise error(
-                f"{name} is an array of shape {tokens.shape} and dtype {tokens.dtype}; "
-                f"expected {expected} (a 1-d integer array)"
-            )
-        tokens = tokens.tolist()
-    elif isinstance(tokens, str | bytes | bytearray) or not isinstance(tokens, Sequence):
-        raise error(
-            f"{name} must be {expected}, got a {type(tokens).__name__} "
-            f"{short_repr(tokens)}; give list(...) of the ids"
-        )
-    hint = f"; {name} holds {expected}"
-    checked = [as_int(f"{name}[{i}]", t, error, hint) for i, t in enumerate(tokens)]
-    if not checked:
-        raise error(f"{name} is empty; expected {expected}")
-    for i, t in enumerate(checked):
-        if not 0 <= t < vocab_size:
-            raise error(
-                f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size}); expected "
-                f"{expected}"
-            )
-    return checked
-
-
-# -- calls of the caches -----------------------------------------------------------
+from numbakv.core.config import CacheConfig
+from numbakv.core.errors import CacheError, CapacityError, ConfigError, SequenceError, StepError
+from numbakv.core.values import as_int, check_shape, short_repr
 
 SHOWN_IDS = 8  # live ids a SequenceError lists, at most
-FLOAT_NAMES = ("bfloat16",)  # float dtypes NumPy knows only through ml_dtypes
-
-
-def as_host(x) -> np.ndarray:
-    """A NumPy view of x; device arrays (with `copy_to_host`) are copied over."""
-    if hasattr(x, "copy_to_host"):
-        x = x.copy_to_host()
-    return np.asarray(x)
-
-
-def host_floats(name: str, x) -> np.ndarray:
-    """x as a NumPy array of a real float dtype (float16/32/64, ml_dtypes' bfloat16), or
-    StepError. Takes what NumPy converts (lists, any strides or order, torch CPU tensors,
-    those that require grad included), host bfloat16 tensors through DLPack (widened to
-    float32, exactly) and device arrays with `copy_to_host`; refuses integer, bool, complex,
-    object and string arrays, which no cast makes into K/V."""
-    if not hasattr(x, "copy_to_host") and dlpack.is_foreign_device_array(x):
-        raise StepError(
-            f"{name}: {type(x).__name__} is a foreign device array; the reference reads host "
-            "arrays and numba device arrays: copy it to the host first (.get(), .cpu())"
-        )
-    try:
-        if hasattr(x, "detach"):  # a torch tensor that requires grad refuses __array__
-            x = x.detach()
-        array, error = as_host(x), None
-    except Exception as raised:  # whatever the object's conversion raises
-        array, error = None, raised
-    is_float = array is not None and (array.dtype.kind == "f" or array.dtype.name in FLOAT_NAMES)
-    if not is_float and not isinstance(x, np.ndarray) and dlpack.has_dlpack(x):
-        return dlpack.host_floats(name, x)  # what NumPy cannot read: a bfloat16 tensor
-    if array is None:
-        raise StepError(
-            f"{name}: cannot convert {type(x).__name__} to a NumPy array ({error!r}); pass "
-            "an array of float32, float16 or bfloat16, or a tensor that has __dlpack__"
-        ) from error
-    if not is_float:
-        raise StepError(
-            f"{name} has dtype {array.dtype}; K, V and q are real floats: give float32, "
-            "float16, float64 or bfloat16 values"
-        )
-    return array
 
 
 def check_declaration(table, config: CacheConfig, seq_ids) -> np.ndarray:
@@ -286,11 +156,6 @@ def check_window(window, windows: tuple[int, ...]) -> int:
     if window not in windows:
         raise StepError(f"no mask for window {window}; this cache's windows are {windows}")
     return window
-
-
-def check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
-    if tuple(shape) != tuple(expected):
-        raise StepError(f"{name} has shape {tuple(shape)}; this step expects {list(expected)}")
 
 
 ATTENTION_MODES = ("gathered", "masked")

@@ -1,5 +1,5 @@
 """Reading an `.npz` of plain arrays without trusting it (numba-free): what the trace file
-(`numbakv.trace.file`) and the saved-state file (`numbakv.state.file`, docs/contract.md §13)
+(`numbakv.trace.file`) and the saved-state file (`numbakv.core.seq_file`, docs/contract.md §13)
 share.
 
 An `.npz` is a zip of `.npy` members. `read` opens one and hands the archive to a reader
@@ -16,7 +16,6 @@ that is not UTF-32 or not strict JSON.
 import json
 import math
 import os
-import reprlib
 import stat
 import struct
 import tokenize
@@ -29,6 +28,8 @@ from typing import IO, TypeVar
 
 import numpy as np
 from numpy.lib.format import read_array_header_1_0, read_array_header_2_0, read_magic
+
+from numbakv.core.values import short_repr
 
 T = TypeVar("T")
 METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
@@ -99,15 +100,6 @@ def _read(file: IO[bytes], kind: Kind, reader: Callable[[zipfile.ZipFile, int], 
         return reader(archive, size)
 
 
-def short(value: object) -> str:
-    """`repr(value)`, cut short: a hostile file's values may be huge or deeply nested."""
-    return _REPR.repr(value)
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
-
-
 def reason(error: BaseException) -> str:
     """'Type: message' of `error`, cut to 200 characters."""
     return f"{type(error).__name__}: {error}"[:200]
@@ -125,7 +117,7 @@ def members(
     for info in archive.infolist():
         name = info.filename.removesuffix(".npy")
         if optional is None and not info.filename.endswith(".npy"):
-            raise Refused(f"it holds a member {short(info.filename)}, not an .npy")
+            raise Refused(f"it holds a member {short_repr(info.filename)}, not an .npy")
         if optional is None or (name in (*required, *optional) and info.filename.endswith(".npy")):
             if name in found:
                 raise Refused(f"it holds two {info.filename} members")

@@ -4,8 +4,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbakv._deprecated import renamed
-
 FREE, SHARED = -1, -2
 
 
@@ -45,8 +43,6 @@ class Snapshot:
     def live_seqs(self) -> np.ndarray:
         """[n_live] int64, the live sequence ids in ascending order (a cache's `live_seqs`)."""
         return np.flatnonzero(self.live)
-
-    live_ids = renamed("live_ids", "live_seqs", "Snapshot")
 
     @property
     def n_owners(self) -> np.ndarray:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from numbakv.checks import check_position
-from numbakv.config import INT32_MAX, CacheConfig
-from numbakv.errors import CacheError, CapacityError, ConfigError, SequenceError, StateError
-from numbakv.formats import ARRAY_DTYPES, FLOATS, row_width
-from numbakv.state.file import VERSION, read_state, write_state
+from numbakv.core.calls import check_position
+from numbakv.core.config import INT32_MAX, CacheConfig
+from numbakv.core.errors import CacheError, CapacityError, ConfigError, SequenceError, StateError
+from numbakv.core.formats import ARRAY_DTYPES, FLOATS, row_width
+from numbakv.core.seq_file import VERSION, read_state, write_state
 
 SHAPE_FIELDS = ("n_layers", "n_kv_heads", "head_dim", "windows")  # never converted
 
@@ -123,7 +123,7 @@ class SeqState:
     __hash__ = None
 
     def save(self, path) -> None:
-        """Writes the state to `path`: one `.npz` (`numbakv.state.file`)."""
+        """Writes the state to `path`: one `.npz` (`numbakv.core.seq_file`)."""
         write_state(path, self)
 
     @classmethod
