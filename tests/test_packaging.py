@@ -182,6 +182,9 @@ def test_each_public_name_has_one_path():
     import numbakv.testing
     import numbakv.trace
 
+    # numbakv's names resolve through the module that defines each
+    for name, module in numbakv._EXPORTS.items():
+        assert getattr(getattr(numbakv, name), "__module__", module) == module, name
     # a subpackage names its own objects only: none is also one of numbakv's names
     assert not hasattr(numbakv.reference, "CacheConfig") and not hasattr(numbakv.trace, "Recorder")
     for package in (numbakv.reference, numbakv.trace, numbakv.cache, numbakv.testing):
