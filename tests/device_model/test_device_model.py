@@ -8,7 +8,7 @@ driven by the same verbs, so the comparison also crosses the two caches' attenti
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from numbakv import CellCache, DeviceModel
@@ -85,6 +85,7 @@ GEOMETRIES = [(4, 2, (0, 3)), (2, 2, (2,)), (4, 1, (0,)), (8, 1, (4, 0))]
 
 @settings(max_examples=6)
 @given(geometry=st.sampled_from(GEOMETRIES), seed=st.integers(0, 2**16))
+@example(geometry=(4, 2, (0, 3)), seed=167)  # every id live and full before a step
 def test_logits_match_the_numpy_model_on_random_steps(geometry, seed):
     """Random workloads: sequences made, cloned at a random position, rewound and removed;
     steps of random sequences with random padding and random logits_at."""
@@ -106,7 +107,11 @@ def test_logits_match_the_numpy_model_on_random_steps(geometry, seed):
         elif roll < 0.7 and len(live) > 1:
             pair.verb("seq_rm", live.pop(int(rng.integers(len(live)))))
         room = {s: 12 - pair.ref.pos(s) for s in live}
-        seqs = [s for s in live if room[s] > 0] or [pair.verb("seq_new")]
+        seqs = [s for s in live if room[s] > 0]
+        if not seqs:  # every live sequence is full: a new one, an old one removed if need be
+            if len(live) == CACHE["max_seqs"]:
+                pair.verb("seq_rm", live.pop(0))
+            seqs = [pair.verb("seq_new")]
         n = int(rng.integers(1, CACHE["max_width"] + 1))
         ids = [int(s) for s in rng.choice(seqs, n)]
         ids = [s for i, s in enumerate(ids) if ids[: i + 1].count(s) <= room.get(s, 12)] or seqs[:1]
