@@ -5,6 +5,8 @@ contiguous float32 copies give, in both modes and both kernel shapes, and a bflo
 their bfloat16 rounding; what cannot be read in place (a strided head_dim, an integer or
 vector export) is refused with a StepError that says what to pass, changing nothing."""
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -64,6 +66,22 @@ def contiguous(qkv, parts):
     return tuple(cuda.to_device(np.ascontiguousarray(qkv[:, p])) for p in parts)
 
 
+def rounded(dtype):
+    """Contiguous float32 copies of what a fused tensor of `dtype` holds."""
+
+    def make(qkv, parts):
+        return contiguous(qkv.astype(dtype).astype(np.float32), parts)
+
+    return make
+
+
+@functools.cache
+def expected(dtype, width: int) -> list[np.ndarray]:
+    """`run(rounded(dtype), width)`, once per (dtype, width): several tests compare with
+    the same outputs (`run` is deterministic), and a run is ~1 s of simulator."""
+    return run(rounded(dtype), width)
+
+
 def views(dtype):
     def make(qkv, parts):
         whole = cuda.to_device(qkv.astype(dtype))  # one array; q, k, v are views into it
@@ -74,16 +92,13 @@ def views(dtype):
 
 @pytest.mark.parametrize("width", [2, 4])  # decode and prefill shapes (GQA 2)
 def test_strided_views_give_what_contiguous_copies_give(width):
-    expect = run(contiguous, width)
+    expect = expected(np.float32, width)
     for got in (run(views(np.float32), width), run(views(np.float32), width, out_view=True)):
         assert all(map(np.array_equal, got, expect))
 
 
 def test_float16_inputs_and_outputs_read_and_write_in_place():
-    def halves(qkv, parts):
-        return contiguous(qkv.astype(np.float16).astype(np.float32), parts)
-
-    expect = run(halves, 3)
+    expect = expected(np.float16, 3)
     assert all(map(np.array_equal, run(views(np.float16), 3), expect))
     written = run(views(np.float16), 3, out_dtype=np.float16)
     assert all(np.array_equal(w, e.astype(np.float16).astype(np.float32))
@@ -111,26 +126,17 @@ def exported(dtype: str):
     return make
 
 
-def rounded(dtype):
-    """Contiguous float32 copies of what a fused tensor of `dtype` holds."""
-
-    def make(qkv, parts):
-        return contiguous(qkv.astype(dtype).astype(np.float32), parts)
-
-    return make
-
-
 @pytest.mark.parametrize("width", [2, 4])
 def test_dlpack_tensors_read_in_place_give_what_float32_copies_give(width):
     for dtype, host in (("float32", np.float32), ("float16", np.float16),
                         ("bfloat16", ml_dtypes.bfloat16)):  # fmt: skip
-        expect = run(rounded(host), width)
+        expect = expected(host, width)
         assert all(map(np.array_equal, run(exported(dtype), width), expect)), dtype
 
 
 @pytest.mark.parametrize("width", [2, 4])  # the merge's and the prefill kernel's write
 def test_a_bfloat16_out_holds_the_float32_output_rounded_to_nearest_even(width):
-    expect = run(rounded(ml_dtypes.bfloat16), width)
+    expect = expected(ml_dtypes.bfloat16, width)
     wide = []
 
     def strided_out(shape):  # every other head of a wider bfloat16 tensor
