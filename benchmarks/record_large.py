@@ -1,18 +1,21 @@
-"""What recording, saving, loading and drawing a trace of a GPU-sized pool costs, each phase
-in its own process (so each peak is its own). Prints figures; asserts nothing.
+"""What recording, saving, loading and drawing a trace of a GPU-sized pool costs, as
+multiples of running the workload unrecorded, each phase in its own process (so each peak
+is its own). Prints figures; asserts nothing.
 
     python -m benchmarks.record_large                # --scale mid: 64 Ki cells x 4 000 steps
     python -m benchmarks.record_large --scale gpu    # 1 Mi cells x 10 000 steps x width 1 024
     python -m benchmarks.record_large --quick        # 8 Ki cells x 200 steps: seconds
-    python -m benchmarks.record_large --scale gpu --steps 1000   # the first 1 000 steps
+    python -m benchmarks.record_large --scale gpu --steps 2000   # the first 2 000 steps
 
 The workload is tests/viz/scheduler_workload.py's (a shared system prompt cloned into most
 requests, n = 2 forks, recompute preemption, decode-first steps with chunked prefill) on the
-reference cache, a `Recorder` frame per step, annotated by request, at the scale's cells,
-steps, width and sequences (SCALES). Phases: record (the run, then `save`), load
-(`load_trace`), then `numbakv viz --kind K` for each kind of benchmarks.plots. Each prints
-its seconds and its process's peak resident memory (getrusage: the interpreter, numpy and,
-for the pictures, matplotlib included).
+reference cache at the scale's cells, steps, width and sequences (SCALES). Phases: the
+workload unrecorded; recorded (a `Recorder` frame per step, annotated by request), then
+`save`; unrecorded again; `load_trace`; then `numbakv viz --kind K` for each kind of
+benchmarks.plots (`all` included). The mean of the two unrecorded runs is the unit: the
+recording overhead is (recorded run + save - unrecorded) / unrecorded, and every other
+phase's seconds are printed as multiples of it too, beside its process's peak resident
+memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib included).
 """
 
 import argparse
@@ -41,8 +44,8 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def record(scale: dict, path: str) -> dict:
-    """Runs the workload recorded and saves it; its figures."""
+def run(scale: dict, path: str | None = None) -> dict:
+    """Runs the workload, recorded and saved to `path` unless it is None; its figures."""
     from numbakv import CacheConfig, Recorder
     from numbakv.reference import CellCache
     from tests.viz.scheduler_workload import Workload
@@ -54,18 +57,19 @@ def record(scale: dict, path: str) -> dict:
     )  # fmt: skip
     cache = CellCache(config)
     start = time.perf_counter()
-    recorder = Recorder(cache)
-    workload = Workload(cache, np.random.default_rng(0), (128, 1024), recorder.annotate)
+    recorder = None if path is None else Recorder(cache)
+    hooks = () if recorder is None else (recorder.annotate,)
+    workload = Workload(cache, np.random.default_rng(0), (128, 1024), *hooks)
     for _ in range(scale["steps"]):
         workload.step()
-    recorded = time.perf_counter() - start
-    start = time.perf_counter()
-    recorder.save(path)
-    return {
-        "record_s": recorded, "save_s": time.perf_counter() - start, "peak_mib": peak_mib(),
-        "requests": workload.n_requests, "preemptions": workload.preemptions,
-        "file_mib": Path(path).stat().st_size / 2**20,
-    }  # fmt: skip
+    figures = {"run_s": time.perf_counter() - start, "requests": workload.n_requests,
+               "preemptions": workload.preemptions}  # fmt: skip
+    if recorder is not None:
+        start = time.perf_counter()
+        recorder.save(path)
+        figures |= {"save_s": time.perf_counter() - start,
+                    "file_mib": Path(path).stat().st_size / 2**20}  # fmt: skip
+    return figures | {"peak_mib": peak_mib()}
 
 
 def load(path: str) -> dict:
@@ -89,6 +93,43 @@ def phase(*args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def child(name: str, rest: list[str]) -> int:
+    """Runs one phase (`--phase NAME ...`) in this process and prints its figures as JSON."""
+    if name == "run":
+        result = run(json.loads(rest[0]), *rest[1:])
+    else:
+        result = load(*rest) if name == "load" else plot(*rest)
+    print(json.dumps(result))
+    return 0
+
+
+def measure(scale: dict, folder: str) -> tuple[dict, list[list[str]]]:
+    """Every phase, each in its own process: (the recorded run's figures and the trace's
+    frames, the table's rows: phase, seconds, multiple of the unrecorded run, peak MiB)."""
+    path = str(Path(folder) / "trace.npz")
+    runs = [phase("run", json.dumps(scale)), phase("run", json.dumps(scale), path)]
+    runs.append(phase("run", json.dumps(scale)))
+    loaded = phase("load", path)
+    drawn = [(f"viz --kind {kind}", phase("plot", path, kind, folder)) for kind in KINDS]
+    before, recorded, after = runs
+    unit = (before["run_s"] + after["run_s"]) / 2
+    both = recorded["run_s"] + recorded["save_s"]
+    rows = [
+        ("unrecorded, before", before["run_s"], before["peak_mib"]),
+        ("recorded", recorded["run_s"], recorded["peak_mib"]),
+        ("save", recorded["save_s"], None),  # in the recorded run's process
+        ("unrecorded, after", after["run_s"], after["peak_mib"]),
+        ("recording overhead", both - unit, None),
+        ("load", loaded["load_s"], loaded["peak_mib"]),
+        *((name, d["plot_s"], d["peak_mib"]) for name, d in drawn),
+    ]
+    table = [
+        [name, f"{s:.2f}", f"{s / unit:.2f}", "-" if peak is None else f"{peak:.0f}"]
+        for name, s, peak in rows
+    ]
+    return recorded | {"frames": loaded["frames"], "unit_s": unit}, table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="mid")
@@ -97,13 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)  # a child's own phase
     args = parser.parse_args(argv)
     if args.phase:
-        name, *rest = args.phase
-        if name == "record":
-            result = record(json.loads(rest[0]), rest[1])
-        else:
-            result = load(*rest) if name == "load" else plot(*rest)
-        print(json.dumps(result))
-        return 0
+        return child(args.phase[0], args.phase[1:])
     scale_name = "quick" if args.quick else args.scale
     scale = SCALES[scale_name] | ({} if args.steps is None else {"steps": args.steps})
     cells, steps, width, seqs = (scale[k] for k in ("cells", "steps", "width", "seqs"))
@@ -111,22 +146,12 @@ def main(argv: list[str] | None = None) -> int:
           f"width {width}, {seqs} sequences")  # fmt: skip
     print_machine()
     with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "trace.npz")
-        recorded = phase("record", json.dumps(scale), path)
-        loaded = phase("load", path)
-        rows = [
-            ["record", f"{recorded['record_s']:.2f}", f"{recorded['peak_mib']:.0f}"],
-            ["save", f"{recorded['save_s']:.2f}", "(with record)"],
-            ["load", f"{loaded['load_s']:.2f}", f"{loaded['peak_mib']:.0f}"],
-        ]
-        for kind in KINDS:
-            drawn = phase("plot", path, kind, folder)
-            rows.append(
-                [f"viz --kind {kind}", f"{drawn['plot_s']:.2f}", f"{drawn['peak_mib']:.0f}"]
-            )
-        print(f"  {recorded['requests']} requests, {recorded['preemptions']} preemptions, "
-              f"{loaded['frames']} frames, trace file {recorded['file_mib']:.1f} MiB")  # fmt: skip
-        print_table(["phase", "s", "peak MiB"], rows)
+        figures, table = measure(scale, folder)
+    print(f"  {figures['requests']} requests, {figures['preemptions']} preemptions, "
+          f"{figures['frames']} frames, trace file {figures['file_mib']:.1f} MiB")  # fmt: skip
+    print(f"  x unrecorded: seconds / {figures['unit_s']:.2f} s (the unrecorded runs' mean); "
+          "recording overhead: recorded + save - unrecorded")  # fmt: skip
+    print_table(["phase", "s", "x unrecorded", "peak MiB"], table)
     return 0
 
 

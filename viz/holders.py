@@ -15,7 +15,7 @@ import numpy as np
 
 from numbakv.core.snapshot import FREE, Snapshot, owner_codes
 from numbakv.trace.frames import Trace
-from numbakv.trace.scan import TableReplay, change_frames, id_words
+from numbakv.trace.scan import CellIndex, TableReplay, change_frames, id_words
 
 CACHED = -4  # the code (and pixel label) of a cell every owner of which is a holder
 REBINDING = ("admit", "fork", "hit", "resume", "insert")  # insert: with held=False only
@@ -27,6 +27,8 @@ def holder_table(trace: Trace) -> np.ndarray:
     do); ids past max_seqs name no sequence and are ignored."""
     max_seqs = trace.config.max_seqs
     table = np.zeros((trace.n_frames, max_seqs), dtype=bool)
+    if "insert" not in trace.annotation_counts():  # no holder, ever
+        return table
     for a in trace.annotations:
         held = a.kind == "insert" and a.data.get("held") is True
         if not held and (a.kind not in REBINDING or not _is_id(a.data.get("request"))):
@@ -49,6 +51,12 @@ def visible_codes(owners: np.ndarray, held: np.ndarray) -> np.ndarray:
 def table_codes(snapshot: Snapshot, holders: np.ndarray) -> np.ndarray:
     """[read_len] int32 visible codes of one table, `holders` [max_seqs] bool its holders."""
     return visible_codes(snapshot.owners, id_words(holders))
+
+
+def change_index(trace: Trace, changes: dict[str, np.ndarray]) -> CellIndex:
+    """The `CellIndex` of `changes` (`cell_changes`): the trace's own when they are its."""
+    own = changes["delta_cells"] is trace.arrays["delta_cells"]
+    return trace.cell_index if own else CellIndex(changes)
 
 
 def cell_changes(trace: Trace, holders: np.ndarray) -> dict[str, np.ndarray]:

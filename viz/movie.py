@@ -1,9 +1,19 @@
 """The pool over time as an animation (`numbakv viz --kind movie -o pool.gif`): each frame
-is the block grid of `plot_cells`, aggregated over the steps it covers."""
+is the block grid of `plot_cells`, aggregated over the steps it covers.
+
+The frames differ only in the picture and the title above it; every frame is drawn as
+matplotlib's Pillow writer draws it (`Figure.savefig(format="rgba")`), but only the first
+whole: the others draw only what meets the rectangle the pictures and titles lie in (the
+legend and the tick and axis labels apart from it are hidden), and are that rectangle
+over the first frame."""
+
+import io
+from itertools import pairwise
 
 import numpy as np
-from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
+from PIL import Image
 
 from numbakv.trace.frames import Trace
 
@@ -52,14 +62,78 @@ def save_movie(
     unit = "cell" if block == 1 else f"block of {block} cells"
     ax.set_xlabel(f"{unit} mod {columns}")
     ax.set_ylabel(f"{unit} // {columns}")
+    titles = [f"steps {a}-{b - 1}" for a, b in pairwise(pixels.step_edges.tolist())]
 
-    def draw(i: int):
+    def show(i: int) -> None:
         image.set_data(rgb[i])
-        a, b = pixels.step_edges[i], pixels.step_edges[i + 1] - 1
-        ax.set_title(f"steps {a}-{b}", fontsize="medium")
-        return (image,)
+        ax.set_title(titles[i], fontsize="medium")
 
-    FuncAnimation(fig, draw, frames=len(rgb), blit=False).save(
-        path, writer=PillowWriter(fps=fps), dpi=dpi
-    )
+    images = _frames(fig, ax, dpi, show, titles)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
     return {"pixels": pixels, "columns": columns}
+
+
+def _frames(fig: Figure, ax, dpi: float, show, titles: list[str]) -> list[Image.Image]:
+    """The frames of `fig` (one axes, `ax`), `show(i)` setting frame i's picture and title
+    (`titles[i]`), as matplotlib's Pillow writer makes them: the first drawn whole; each
+    other drawn with the artists whose pixels keep away from the rectangle the frames
+    change in hidden, and that rectangle pasted over the first."""
+    show(0)
+    first = _draw(fig, dpi)
+    box, where = _changing(ax, titles, first.shape)
+    _hide(ax, box)
+    frames = [first]
+    for i in range(1, len(titles)):
+        show(i)
+        frame = first.copy()
+        frame[where] = _draw(fig, dpi)[where]
+        frames.append(frame)
+    return [_pillow(frame) for frame in frames]
+
+
+def _draw(fig: Figure, dpi: float) -> np.ndarray:
+    """[H, W, 4] uint8: `fig` drawn as `savefig(format="rgba")` draws it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="rgba", dpi=dpi)
+    width, height = (fig.get_size_inches() * dpi).astype(int)
+    return np.frombuffer(buffer.getvalue(), np.uint8).reshape(height, width, 4)
+
+
+def _pillow(frame: np.ndarray) -> Image.Image:
+    """A frame as the Pillow writer keeps it: RGB unless some pixel is transparent."""
+    image = Image.frombuffer("RGBA", frame.shape[1::-1], frame.tobytes(), "raw", "RGBA", 0, 1)
+    return image if image.getextrema()[3][0] < 255 else image.convert("RGB")
+
+
+def _changing(ax, titles: list[str], shape) -> tuple[Bbox, tuple[slice, slice]]:
+    """(the rectangle, display pixels; its rows from the top and columns in a frame of
+    `shape`) that every frame's picture and title lie in, 2 pixels wider each way than
+    their extents (antialiasing)."""
+    title = ax.title
+    text, boxes = title.get_text(), [ax.bbox]
+    for t in titles:
+        title.set_text(t)
+        boxes.append(title.get_window_extent())
+    title.set_text(text)
+    box = Bbox.union(boxes).padded(2)
+    height, width = shape[:2]
+    x0, x1 = max(int(np.floor(box.x0)), 0), min(int(np.ceil(box.x1)), width)
+    y0, y1 = max(int(np.floor(box.y0)), 0), min(int(np.ceil(box.y1)), height)
+    return box, (slice(height - y1, height - y0), slice(x0, x1))
+
+
+def _hide(ax, box: Bbox) -> None:
+    """Hides the legend, and each axis's labels (its own, its ticks', its offset), when none
+    of them can draw in `box`: each empty, or its extent 2 pixels wider away from it."""
+    groups = [[ax.get_legend()]]
+    for axis in (ax.xaxis, ax.yaxis):
+        ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+        groups.append(
+            [axis.label, axis.offsetText, *(t.label1 for t in ticks), *(t.label2 for t in ticks)]
+        )
+    for group in groups:
+        shown = [artist for artist in group if artist is not None and artist.get_visible()]
+        drawn = [artist for artist in shown if getattr(artist, "get_text", lambda: "x")() != ""]
+        if not any(artist.get_window_extent().padded(2).overlaps(box) for artist in drawn):
+            for artist in shown:
+                artist.set_visible(False)

@@ -15,9 +15,9 @@ from matplotlib.colors import to_rgb
 
 from numbakv.core.snapshot import Snapshot
 from numbakv.trace.frames import Trace
-from numbakv.trace.scan import change_frames, previous_changes, request_table
+from numbakv.trace.scan import request_table
 
-from .holders import CACHED, cell_changes, holder_table
+from .holders import CACHED, cell_changes, change_index, holder_table
 
 # Okabe & Ito's colour-blind-safe palette without its black (shared cells) and vermillion
 # (too near read_len's red), then Paul Tol's wine, olive and indigo
@@ -148,7 +148,8 @@ def _cell_steps(
     """[n_groups] int64: summed over the recorded steps, the cells each group holds alone
     (a sequence's cells counted for the group it has at that step); `changes` the trace's
     changes as visible codes (`numbakv.viz.holders.cell_changes`)."""
-    codes, frames, previous = changes["codes"], change_frames(changes), previous_changes(changes)
+    index = change_index(trace, changes)
+    codes, frames, previous = changes["codes"], index.frames, index.previous
     ids = np.unique(codes[codes >= 0])  # the sequences that ever hold a cell alone
     alone = np.zeros((trace.n_frames, len(ids)), dtype=np.int64)  # its change per frame
     gains, losses = codes >= 0, (previous >= 0) & (codes[np.maximum(previous, 0)] >= 0)

@@ -149,8 +149,8 @@ def _event_strip(ax, trace: Trace, steps: tuple[int, int]) -> dict[str, int]:
 def locality(trace: Trace) -> np.ndarray:
     """[n_steps, max_seqs] int32: at each recorded step, how many separate runs of
     consecutive cells each sequence owns (0: none) — 1 is a contiguous sequence."""
-    config = trace.config
-    return sequence_runs(trace.arrays, config.max_seqs, config.n_owner_words)[trace.step_frames]
+    runs = sequence_runs(trace.arrays, trace.config.max_seqs, trace.cell_index)
+    return runs[trace.step_frames]
 
 
 def plot_locality(

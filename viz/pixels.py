@@ -17,9 +17,9 @@ import numpy as np
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace import TraceStep
 from numbakv.trace.frames import Trace
-from numbakv.trace.scan import owner_bits, replay_codes
+from numbakv.trace.scan import owner_bits
 
-from .holders import CACHED, cell_changes
+from .holders import CACHED, cell_changes, change_index
 from .owners import MIXED, Owners
 
 PAIRS_PER_BLOCK = 1 << 22  # a recorded mask's (token, cell) pairs enumerated at a time
@@ -67,121 +67,153 @@ def owner_pixels(
     """Owner pixels of cells [cells[0], cells[1]) at recorded steps [steps[0], steps[1]),
     `cell_bin` cells per column and `step_bin` steps per row. Cells past a step's read_len
     are free; a cell only `owners.holders` hold is CACHED, and holders sharing a cell with
-    running sequences leave it to them. One replay of the trace up to the last step drawn,
-    O(changes + rows * cols * ids used): never a [steps, cells] array. `progress(done,
-    total)`, when given, hears how many of the steps drawn are done, now and then."""
+    running sequences leave it to them. Each change holds its cell's code over a stretch
+    of steps (`_stretches`); what a pixel holds is a sum over the stretches of a column
+    (`_Integrals`), and its majority, if any, the label whose every bit is its pixel's
+    majority bit: O(changes log changes + pixels * label bits), never a [steps, cells]
+    array. `progress(done, total)`, when given, hears the steps drawn done (all at once)."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
-    n_cols = len(cell_edges) - 1
-    changes = cell_changes(trace, owners.holders)
-    new_codes = changes["codes"]
-    ids = np.unique(new_codes)
-    ids = ids[ids >= 0]  # only ids that ever hold a cell alone get counts: O(ids used)
-    slot_of = np.full(trace.config.max_seqs - CACHED, len(ids), dtype=np.int64)  # code: slot
-    slot_of[ids], slot_of[FREE], slot_of[CACHED] = np.arange(len(ids)), -1, len(ids) + 1
-    # FREE, SHARED and CACHED index from the end, so free (-1) and the shared (len(ids)) and
-    # cached (len(ids) + 1) slots need no branch
-    groups = owners.seq_groups[:, ids]
-    rows = _Rows(cell_edges, step_edges, len(ids), groups)
-    column = np.full(max(cells[1], 1), n_cols, dtype=np.int64)  # each cell's column; n_cols: out
-    column[cells[0] : cells[1]] = (np.arange(cells[0], cells[1]) - cells[0]) // cell_bin
-    slot = np.full(max(cells[1], 1), -1, dtype=np.int64)  # each cell's owner's slot, -1 free
-    clock = trace.frame_steps  # a frame's changes hold from the step it leads into on
-    n_cells = int(trace.arrays["read_len"].max(initial=0))
-    for f, codes, changed in replay_codes(changes, n_cells, new_codes):
-        t = int(clock[f])
-        if t >= steps[1]:
-            break
-        rows.advance(t)
-        if f > 0 and (moved := np.flatnonzero(groups[f] != groups[f - 1])).size:
-            rows.rebind(moved, f)
-        inside = changed[changed < cells[1]]
-        if inside.size:
-            new, old = slot_of[codes[inside]], slot[inside]
-            rows.change(column[inside][old >= 0], old[old >= 0], -1)
-            rows.change(column[inside][new >= 0], new[new >= 0], 1)
-            slot[inside] = new
-        if progress is not None and f % 256 == 0:
-            progress(max(t - steps[0], 0), steps[1] - steps[0])
-    rows.advance(steps[1])
+    n_groups = len(owners.labels)  # labels: the groups, then SHARED, then CACHED
+    cols, labels, starts, ends = _stretches(trace, owners, cells, steps, cell_bin)
+    group = cols * (n_groups + 2) + labels
+    shape = (len(cell_edges) - 1, n_groups + 2)
+    sums = _Integrals(group, starts, ends, shape, step_edges, step_bin)
+    total, shared = sums.of(np.ones_like(sums.labels)), sums.of(sums.labels == n_groups)
+    label = _majority_labels(sums, total)
+    label = np.select(
+        [label == n_groups, label == n_groups + 1, total == 0], [SHARED, CACHED, FREE], label
+    )
     if progress is not None:
         progress(steps[1] - steps[0], steps[1] - steps[0])
-    return OwnerPixels(cell_edges, step_edges, rows.occupied, rows.shared, rows.label)
+    area = np.outer(np.diff(step_edges), np.diff(cell_edges))
+    return OwnerPixels(cell_edges, step_edges, total / area, shared / area, label)
 
 
-class _Rows:
-    """The rows of owner pixels as the replay reaches them. Counts per (column, id) are
-    summed over steps lazily: an entry adds its count times the steps it held it only when
-    it changes or its row ends (O(changes), not O(steps * columns * ids))."""
+class _Integrals:
+    """Sums per pixel over stretches of steps during which a cell of a column holds a
+    label: [k] `group` (column * n_labels + label) and [k] [starts, ends) each, `shape`
+    (n_cols, n_labels), pixel rows `step_bin` steps each between `step_edges`. Merged per
+    (group, step), the stretches' bounds are events changing how many cells a group holds
+    (`keys` = group * span + step, ascending; `counts`); a pixel's sum is the integral of
+    its count over its row."""
 
-    def __init__(self, cell_edges, step_edges, n_ids: int, seq_groups: np.ndarray):
-        n_cols, n_rows = len(cell_edges) - 1, len(step_edges) - 1
-        self.cell_edges, self.step_edges, self.seq_groups = cell_edges, step_edges, seq_groups
-        self.occupied, self.shared = np.zeros((n_rows, n_cols)), np.zeros((n_rows, n_cols))
-        self.label = np.full((n_rows, n_cols), FREE, dtype=np.int64)
-        # column (, out) x slot (, shared, cached)
-        self.now = np.zeros((n_cols + 1, n_ids + 2), dtype=np.int64)
-        self.summed = np.zeros_like(self.now)  # cell-steps so far in the current row
-        self.since = np.full(self.now.shape, step_edges[0], dtype=np.int64)
-        self.retired: list[tuple[int, np.ndarray]] = []  # (group, counts) of ids rebound
-        self.row, self.t = 0, int(step_edges[0])
-        self.groups = seq_groups[0]  # each id's group now
+    def __init__(self, group, starts, ends, shape: tuple[int, int], step_edges, step_bin: int):
+        span = int(step_edges[-1]) + 1
+        keys = np.concatenate([(group * span + starts) * 2 + 1, (group * span + ends) * 2])
+        keys.sort()
+        at = keys >> 1
+        first = np.flatnonzero(np.append(True, at[1:] != at[:-1]))
+        counts = np.add.reduceat(np.where(keys & 1, 1, -1), first) if len(keys) else at
+        self.keys, self.counts = at[first[counts != 0]], counts[counts != 0].astype(np.float64)
+        groups, self.times = self.keys // span, self.keys % span
+        (self.n_cols, self.n_labels), self.span, self.edges = shape, span, step_edges
+        self.labels = groups % self.n_labels
+        row = np.minimum((self.times - step_edges[0]) // step_bin + 1, len(step_edges))
+        self.bins = row * self.n_cols + groups // self.n_labels  # [row edges past it, column]
+        self.spent = -self.counts * self.times  # what the events before an edge take from it
 
-    def advance(self, t: int) -> None:
-        """Moves the clock to step `t`, finishing every row that ends at or before it."""
-        edges = self.step_edges
-        while self.row < len(edges) - 1 and t >= edges[self.row + 1]:
-            end = int(edges[self.row + 1])
-            self.summed += self.now * (end - self.since)
-            area = np.diff(self.cell_edges) * (end - edges[self.row])
-            self.occupied[self.row], self.shared[self.row], self.label[self.row] = _row(
-                self.summed[:-1], self.groups, self.retired, area
-            )
-            self.summed[:], self.since[:], self.retired, self.row = 0, end, [], self.row + 1
-        self.t = max(t, int(edges[0]))
+    def of(self, weights: np.ndarray) -> np.ndarray:
+        """[rows, cols] float64: per pixel, the cell-steps of the stretches whose label has
+        `weights` 1 ([m] per event, 0 or 1): the integral over its row of the count, from
+        its slope and intercept at each row edge."""
+        n_edges, size = len(self.edges), (len(self.edges) + 1) * self.n_cols
+        slope = np.bincount(self.bins, self.counts * weights, size)
+        intercept = np.bincount(self.bins, self.spent * weights, size)
+        slope, intercept = (np.cumsum(x.reshape(-1, self.n_cols)[:n_edges], axis=0)
+                            for x in (slope, intercept))  # fmt: skip
+        return np.diff(slope * self.edges[:, None] + intercept, axis=0)
 
-    def change(self, cols: np.ndarray, ids: np.ndarray, by: int) -> None:
-        """Entries (cols[i], ids[i]) change by `by` from the current step on."""
-        held = self.now[cols, ids] * (self.t - self.since[cols, ids])
-        self.summed[cols, ids] += held  # repeated entries: the same value, written once
-        self.since[cols, ids] = self.t
-        np.add.at(self.now, (cols, ids), by)
-
-    def rebind(self, ids: np.ndarray, frame: int) -> None:
-        """Sequence `ids` belong to another group from now on: their cell-steps so far in
-        this row stay with the group they had."""
-        self.summed[:, ids] += self.now[:, ids] * (self.t - self.since[:, ids])
-        self.since[:, ids] = self.t
-        self.retired += [
-            (int(self.groups[s]), self.summed[:-1, s].copy())
-            for s in ids.tolist()
-            if self.summed[:, s].any()
-        ]
-        self.summed[:, ids] = 0
-        self.groups = self.seq_groups[frame]
+    def held(self, labels: np.ndarray) -> np.ndarray:
+        """[rows, cols] float64: per pixel, the cell-steps that its label of `labels` ([rows,
+        cols] ints) holds, from the events of that (column, label) before its row's edges
+        (the events of the groups before sum to no cell)."""
+        group = (np.arange(labels.shape[1]) * self.n_labels + labels) * self.span
+        slope = np.append(0, np.cumsum(self.counts))
+        intercept = np.append(0, np.cumsum(self.spent))
+        ends = self.edges[1:, None], self.edges[:-1, None]
+        at = [np.searchsorted(self.keys, group + edge) for edge in ends]
+        return slope[at[0]] * ends[0] - slope[at[1]] * ends[1] + intercept[at[0]] - intercept[at[1]]
 
 
-def _row(
-    summed: np.ndarray, seq_groups: np.ndarray, retired: list, area: np.ndarray
+def _majority_labels(sums: "_Integrals", total: np.ndarray) -> np.ndarray:
+    """[rows, cols] int64: per pixel, the label holding more than half of its `total`
+    ([rows, cols]) cell-steps, MIXED where none does. Such a label has each of its bits
+    where more than half of the cell-steps do, so it is that label, if it holds them."""
+    best = np.zeros(total.shape, dtype=np.int64)
+    for bit in range(int(sums.n_labels - 1).bit_length()):
+        best |= (2 * sums.of((sums.labels >> bit) & 1) > total).astype(np.int64) << bit
+    real = best < sums.n_labels  # bits of no label: no majority
+    held = sums.held(np.where(real, best, 0))
+    return np.where(real & (2 * held > total), best, MIXED)
+
+
+def _stretches(
+    trace: Trace, owners: Owners, cells: tuple[int, int], steps: tuple[int, int], cell_bin: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(column, label, start, end) [k] int64 each: every stretch of steps [start, end) within
+    `steps` during which a cell of `cells` holds one visible code (`cell_changes`), cut
+    where an id's group changes; label: the id's group (`Owners.labels`), then
+    len(labels) for SHARED and len(labels) + 1 for CACHED."""
+    changes = cell_changes(trace, owners.holders)
+    index = change_index(trace, changes)
+    clock = np.append(trace.frame_steps, trace.n_steps)  # [n_frames]: after the last
+    at, codes = changes["delta_cells"], changes["codes"]
+    kept = np.flatnonzero((codes != FREE) & (at >= cells[0]) & (at < cells[1]))
+    starts = np.maximum(clock[index.frames[kept]], steps[0])
+    ends = np.minimum(clock[index.frame_of(index.following[kept])], steps[1])
+    kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
+    codes = codes[kept].astype(np.int64)
+    groups = owners.seq_groups[trace.step_frames]  # [n_steps, max_seqs]: each id's group
+    moved, ids = np.nonzero(groups[1:] != groups[:-1])  # id's group changes at step moved + 1
+    span = trace.n_steps + 1
+    cuts = np.sort(ids * span + moved + 1)
+    which, starts, ends = _cut(starts, ends, cuts, np.maximum(codes, 0) * span)
+    codes, n_groups = codes[which], len(owners.labels)
+    special = np.where(codes == SHARED, n_groups, n_groups + 1)  # SHARED or CACHED
+    labels = np.where(codes >= 0, groups[starts, np.maximum(codes, 0)], special)
+    cols = (at[kept[which]].astype(np.int64) - cells[0]) // cell_bin
+    return cols, labels.astype(np.int64), starts, ends
+
+
+def _cut(
+    starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray, base: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(occupied, shared, label) [cols] of one row of pixels from its [cols, ids + 2]
-    cell-step counts per sequence (then shared, then cached), the sequences' groups, and
-    counts of groups whose ids were rebound during the row."""
-    if not retired and len(np.unique(seq_groups)) == len(seq_groups):  # a group per id
-        group_ids, by_group = seq_groups.astype(np.int64), summed[:, :-2]
-    else:  # ids of one group (a request's forks, a reused id) summed into its column
-        keys = np.concatenate([seq_groups, [g for g, _ in retired]]).astype(np.int64)
-        counts = np.hstack([summed[:, :-2], *[c[:, None] for _, c in retired]])
-        group_ids, index = np.unique(keys, return_inverse=True)
-        order = np.argsort(index, kind="stable")
-        starts = np.flatnonzero(np.diff(index[order], prepend=-1))
-        by_group = np.add.reduceat(counts[:, order], starts, axis=1)  # [cols, groups here]
-    held = np.hstack([by_group, summed[:, -2:]])  # the last two: shared, cached cell-steps
-    total = held.sum(axis=1)
-    best = held.argmax(axis=1)
-    label = np.append(group_ids, [SHARED, CACHED])[best]
-    label[2 * held[np.arange(len(held)), best] <= total] = MIXED
-    label[total == 0] = FREE
-    return total / area, summed[:, -2] / area, label
+    """(which, start, end) [p] int64 each: the stretches [starts, ends) ([k] ints each) cut
+    at every value of `cuts` strictly inside them, each piece with the index of its
+    stretch (the stretches not cut first). `cuts` is ascending, keyed by what they apply
+    to: `base` ([k] ints) is added to a stretch's bounds to look them up there."""
+    lo = np.searchsorted(cuts, base + starts, side="right")
+    n = np.searchsorted(cuts, base + ends, side="left") - lo + 1  # pieces of each stretch
+    whole, cut = np.flatnonzero(n == 1), np.flatnonzero(n > 1)
+    lo, n = lo[cut], n[cut]
+    which = np.repeat(cut, n)
+    k = np.arange(len(which)) - np.repeat(np.cumsum(n) - n, n)  # a piece's place in it
+    at = np.repeat(lo, n) + k  # the cut that ends it
+    bounds, offset = np.append(cuts, 0), base[which]
+    piece_starts = np.where(k == 0, starts[which], bounds[at - 1] - offset)
+    piece_ends = np.where(at == np.repeat(lo + n - 1, n), ends[which], bounds[at] - offset)
+    return (np.concatenate([whole, which]), np.concatenate([starts[whole], piece_starts]),
+            np.concatenate([ends[whole], piece_ends]))  # fmt: skip
+
+
+def _majority(
+    pixel: np.ndarray, label: np.ndarray, sums: np.ndarray, area: np.ndarray, n_groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(occupied, shared, label) [n_pixels] of pixels of `area` ([n_pixels] int64
+    cell-steps each) from the cell-steps `sums` each (pixel, label) holds ([k] int64 each,
+    distinct pairs; label: a group below `n_groups`, n_groups for SHARED, n_groups + 1 for
+    CACHED): the label holding more than half of the occupied cell-steps, MIXED when none
+    does, FREE when none is occupied."""
+    total = np.bincount(pixel, sums, len(area))
+    best = np.zeros(len(area), dtype=np.int64)
+    np.maximum.at(best, pixel, sums)
+    won = (sums == best[pixel]) & (2 * sums > total[pixel])
+    out = np.full(len(area), MIXED, dtype=np.int64)
+    name = np.where(label == n_groups, SHARED, np.where(label > n_groups, CACHED, label))
+    out[pixel[won]] = name[won]
+    out[total == 0] = FREE
+    shared = np.bincount(pixel[label == n_groups], sums[label == n_groups], len(area))
+    return total / area, shared / area, out
 
 
 def table_pixels(
@@ -192,13 +224,14 @@ def table_pixels(
     cell_edges = edges(*cells, cell_bin)
     inside = np.arange(cells[0], min(cells[1], len(codes)))
     code = codes[inside].astype(np.int64)
-    ids = np.unique(code[code >= 0])  # a count per id present, not per max_seqs
-    special = np.select([code == SHARED, code == CACHED], [len(ids), len(ids) + 1], -1)
-    slot = np.where(code >= 0, np.searchsorted(ids, code), special)
-    held, width = slot >= 0, len(ids) + 2
-    flat = (inside[held] - cells[0]) // cell_bin * width + slot[held]
-    summed = np.bincount(flat, minlength=(len(cell_edges) - 1) * width).reshape(-1, width)
-    occupied, shared, label = _row(summed, seq_groups[ids], [], np.diff(cell_edges))
+    held = code != FREE
+    n_labels = int(seq_groups.max(initial=0)) + 3
+    special = np.where(code == SHARED, n_labels - 2, n_labels - 1)
+    label = np.where(code >= 0, seq_groups[np.maximum(code, 0)], special)[held]
+    key = (inside[held] - cells[0]) // cell_bin * n_labels + label
+    key, sums = np.unique(key, return_counts=True)
+    pixel, label = key // n_labels, key % n_labels
+    occupied, shared, label = _majority(pixel, label, sums, np.diff(cell_edges), n_labels - 2)
     return OwnerPixels(cell_edges, np.array([0, 1]), occupied[None], shared[None], label[None])
 
 

@@ -143,7 +143,7 @@ def plot_timeline(
     Each pixel aggregates `bin` cells by `step_bin` steps (default: what fits the picture);
     the red line is each step's read_len, ticks at the right edge mark the trace's
     annotations (those after the last step at its lower edge), a dashed line `mark_step`.
-    `progress(done, total)` hears the steps replayed (`numbakv.viz.progress.Progress`).
+    `progress(done, total)` hears the steps drawn (`numbakv.viz.progress.Progress`).
     """
     fig = new_figure(fig, (10, 6), dpi)
     owners = owners or owners_of(trace, by)

@@ -11,6 +11,9 @@ ONE_STEP = ("cells", "mask")  # pictures of the step --step names: --steps does 
 MAX_BIN = 1 << 40  # cells per pixel column: past any pool's cells, within an int64
 NO_CELLS = ("metrics", "locality")  # pictures of figures per step: --cells and --bin do not
 NO_OWNERS = ("mask", "metrics", "locality")  # pictures without owners' colours: no --by
+# zlib level of a written PNG: the same pixels as Pillow's default 6 in half the time, the
+# file about a fifth larger (`--kind all` of a GPU-sized trace: 0.10 s, 950 KiB)
+PNG_LEVEL = 1
 
 
 def add_command(commands) -> None:
@@ -145,7 +148,9 @@ def _draw(args, trace, step: int, window: int) -> int:
     if args.kind == "movie":
         save_movie(trace, args.output, steps=steps, by=args.by, progress=progress, **zoom)
     else:
-        draw[args.kind]().savefig(args.output, dpi=args.dpi)
+        png = args.output.suffix.lower() == ".png"
+        options = {"pil_kwargs": {"compress_level": PNG_LEVEL}} if png else {}
+        draw[args.kind]().savefig(args.output, dpi=args.dpi, **options)
     progress.close()
     print(f"wrote {args.output}")
     return 0

@@ -1,11 +1,12 @@
 """The invariants a trace's arrays must hold, so that every accessor of a `Trace` that
 loaded (replay, `step(f).mask(w)`, metrics, timeline) works (numba-free).
 
-They are the cell table's (docs/contract.md §2) read off the recorded changes: ranges
-vectorized over the changes, the rest in one replay of the table that checks each frame's
-changes against the table before them. Annotations (events a
-caller attached to the trace, `Recorder.annotate`) are held to their own rules:
-`annotation_problem` for one, `annotation_records` for a trace's list of them.
+They are the cell table's (docs/contract.md §2) read off the recorded changes: the
+arrays' own here, those of the table over every change at once beside what each found in
+it (`numbakv.trace.sweep.TableRules`), naming the first frame that breaks one and its
+first rule, as a replay frame by frame would.
+Annotations (events a caller attached to the trace, `Recorder.annotate`) are held to their
+own rules: `annotation_problem` for one, `annotation_records` for a trace's list of them.
 """
 
 import math
@@ -18,10 +19,11 @@ from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.core.values import short_repr
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, STEP_EVENT
-from numbakv.trace.scan import TableReplay, id_bits, owner_bits
+from numbakv.trace.scan import CellIndex
+from numbakv.trace.sweep import TableRules
 
 
-def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
+def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> CellIndex:
     """Raises TraceError, naming the first broken rule, unless `a` (the arrays of ARRAYS)
     is a trace of `config`:
 
@@ -39,13 +41,17 @@ def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
       -1); a real row is a live sequence's token in a cell below read_len that no other row
       of the step uses, and that cell holds the token's position and that sequence alone.
 
-    The arrays are read in place: one replay of the table, frame by frame, O(changes +
-    frames * max_seqs) time and O(cells * words) memory.
+    The arrays are read in place, each rule over every change at once: O(changes + frames
+    * max_seqs) time and memory. Returns the changes' `CellIndex`, which the trace's
+    figures reuse.
     """
     _check_layout(config, a)
     _check_values(config, a)
     _check_rows(config, a)
-    _Replay(config, a).run()
+    rules = TableRules(config, a)
+    rules.name_first()
+    seen = rules.seen
+    return CellIndex(a, seen.previous, seen.change_owners(), (seen.shared, seen.owners))
 
 
 def _first(bad: np.ndarray) -> int | None:
@@ -151,113 +157,6 @@ def _check_values(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
         )
 
 
-class _Replay:
-    """The table replayed frame by frame, each frame's changes checked against the table
-    before them (`scan.TableReplay`), with each id's owned cells counted."""
-
-    def __init__(self, config: CacheConfig, a: dict[str, np.ndarray]):
-        self.config, self.a = config, a
-        self.table = TableReplay(a, int(a["read_len"].max(initial=0)) + 1, config.n_owner_words)
-        self.codes = np.full(len(self.table.pos), FREE, dtype=np.int32)
-        self.owned = np.zeros(config.max_seqs, dtype=np.int64)  # cells each id owns
-        self.steps = a["step_offsets"]
-
-    def run(self) -> None:
-        n_cells = len(self.table.pos) - 1
-        for f in range(len(self.a["events"])):
-            cells = self.table.changes(f)[0]
-            if len(cells) and cells[-1] >= n_cells:  # past every read_len: never in bounds
-                raise TraceError(
-                    f"cell {cells[-1]} is occupied from frame {f} while read_len drops to "
-                    f"{self.a['read_len'][f]}; every occupied cell lies below read_len"
-                )
-            self._check_frame(f)
-            self._check_extent(f)
-            if self.steps[f + 1] > self.steps[f]:
-                self._check_step(f)
-
-    def _check_frame(self, f: int) -> None:
-        table, codes, a = self.table, self.codes, self.a
-        cells, pos, new = table.changes(f)
-        if (i := _first(cells[1:] <= cells[:-1])) is not None:
-            raise TraceError(f"frame {f} lists cell {cells[i + 1]} out of order or twice")
-        rows, ids, gained = table.toggles(f)
-        old = codes[cells]
-        if (i := _first(np.diff(rows * self.config.max_seqs + ids) <= 0)) is not None:
-            raise TraceError(
-                f"frame {f} flips an owner of cell {cells[rows[i + 1]]} out of order or twice"
-            )
-        words, bits = id_bits(ids)
-        had = (table.owners[cells[rows], words] & bits) != 0
-        if (t := _first(had == gained)) is not None:
-            raise TraceError(
-                f"frame {f} {'gives' if gained[t] else 'takes'} cell {cells[rows[t]]} owner "
-                f"{ids[t]}, which it {'has' if had[t] else 'lacks'} already"
-            )
-        flipped = np.zeros(len(cells), dtype=bool)
-        flipped[rows] = True
-        same = (pos == table.pos[cells]) & (new == old) & ~flipped
-        if (i := _first(same)) is not None:
-            if old[i] == FREE:
-                raise TraceError(f"frame {f} frees cell {cells[i]}, which was never occupied")
-            raise TraceError(f"frame {f} records cell {cells[i]} changing to the state it had")
-        plain, n_ids = new != SHARED, self.config.max_seqs  # a plain change sets all owners
-        self.owned -= np.bincount(old[plain & (old >= 0)], minlength=n_ids)
-        self.owned -= _id_counts(table.owners[cells[plain & (old == SHARED)]], n_ids)
-        self.owned += np.bincount(new[plain & (new >= 0)], minlength=n_ids)
-        self.owned += np.bincount(ids, np.where(gained, 1, -1), n_ids).astype(np.int64)
-        table.apply(f)
-        codes[cells] = new
-        self._check_shared(f, cells[~plain])
-        dead = (self.owned > 0) & ~a["live"][f]
-        if (s := _first(dead)) is not None:
-            word, bit = s // 64, np.uint64(1) << np.uint64(s % 64)
-            cell = _first(table.owners[:, word] & bit)
-            raise TraceError(
-                f"cell {cell} is owned by sequence {s} at frame {f} while that sequence is not live"
-            )
-
-    def _check_shared(self, f: int, cells: np.ndarray) -> None:
-        """The toggles leave each of `cells` (changed to SHARED) several owners."""
-        counts = np.bitwise_count(self.table.owners[cells]).sum(axis=1)
-        if (i := _first(counts < 2)) is not None:
-            raise TraceError(
-                f"frame {f}'s toggles leave cell {cells[i]} {counts[i]} owners; its code "
-                f"{SHARED} says several"
-            )
-
-    def _check_extent(self, f: int) -> None:
-        """Every occupied cell lies below read_len, and the one just below is occupied."""
-        read_len, pos = self.a["read_len"], self.table.pos
-        cells, new_pos, _ = self.table.changes(f)
-        before = read_len[f - 1] if f else 0
-        occupied = np.concatenate(
-            [cells[new_pos >= 0], np.flatnonzero(pos[read_len[f] : before] >= 0) + read_len[f]]
-        )
-        if (i := _first(occupied >= read_len[f])) is not None:
-            raise TraceError(
-                f"cell {occupied[i]} is occupied from frame {f} while read_len drops to "
-                f"{read_len[f]}; every occupied cell lies below read_len"
-            )
-        if read_len[f] > 0 and pos[read_len[f] - 1] < 0:
-            raise TraceError(
-                f"frame {f}'s read_len {read_len[f]} is not trimmed: cell {read_len[f] - 1} is free"
-            )
-
-    def _check_step(self, f: int) -> None:
-        """Each real row's cell holds the token's position and its sequence alone."""
-        a, rows = self.a, slice(self.steps[f], self.steps[f + 1])
-        seqs = a["step_seq_ids"][rows]
-        real = seqs >= 0
-        c, p, s = a["step_cells"][rows][real], a["step_positions"][rows][real], seqs[real]
-        held_pos, held = self.table.pos[c], self.codes[c]
-        if (i := _first((held_pos != p) | (held != s))) is not None:
-            raise TraceError(
-                f"frame {f}'s step puts sequence {s[i]} position {p[i]} in cell {c[i]}, but "
-                f"the table holds position {held_pos[i]} there, or other owners"
-            )
-
-
 def _check_rows(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
     """Step rows where steps are, 1 to max_width of them, real rows then padding, each a
     live sequence's token in a distinct cell below read_len."""
@@ -293,9 +192,11 @@ def _check_rows(config: CacheConfig, a: dict[str, np.ndarray]) -> None:
             f"frame {f[i]}'s step places a token in cell {c[i]}, outside "
             f"[0, read_len={a['read_len'][f[i]]})"
         )
-    order = np.lexsort((c, f))
-    if (i := _first((np.diff(f[order]) == 0) & (np.diff(c[order]) == 0))) is not None:
-        raise TraceError(f"frame {f[order[i]]}'s step places two tokens in cell {c[order[i]]}")
+    span = int(c.max(initial=0)) + 1
+    placed = np.sort(f * span + c)  # by frame, then cell
+    if (i := _first(placed[1:] == placed[:-1])) is not None:
+        frame, cell = divmod(int(placed[i]), span)
+        raise TraceError(f"frame {frame}'s step places two tokens in cell {cell}")
 
 
 # -- annotations ---------------------------------------------------------------------
@@ -381,8 +282,3 @@ def _is_scalar(value: object) -> bool:
     if isinstance(value, int) and not isinstance(value, bool):
         return value in INT64
     return isinstance(value, SCALARS)
-
-
-def _id_counts(owners: np.ndarray, n_ids: int) -> np.ndarray:
-    """[n_ids] int64: how many of the bitsets `owners` ([k, words] uint64) hold each id."""
-    return np.bincount(owner_bits(owners)[1], minlength=n_ids)[:n_ids]

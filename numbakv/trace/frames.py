@@ -67,7 +67,9 @@ class Annotation:
 
 
 class Trace:
-    """Frames of a recorded workload. Build one with `Recorder.trace()` or `load_trace`."""
+    """Frames of a recorded workload. Build one with `Recorder.trace()` or `load_trace`.
+    `cell_index`: its changes by cell as its checks found them (`scan.CellIndex`), which
+    the figures read."""
 
     def __init__(
         self, config: CacheConfig, arrays: dict[str, np.ndarray], annotations: object = ()
@@ -76,7 +78,8 @@ class Trace:
         tuple) of `{"frame": int, "kind": str, "data": dict}` in recording order (as saved;
         copied in). TraceError unless they are a consistent trace of `config`
         (`numbakv.trace.checks`)."""
-        check_arrays(config, arrays)
+        self.cell_index = check_arrays(config, arrays)  # the changes by cell, for the scans
+        self._table: tuple = (-1, None, None)  # (frame, pos, owners) of `snapshot`'s last
         self.config = config
         self.arrays = arrays
         self._annotations = annotation_records(len(arrays["events"]), annotations)
@@ -160,11 +163,14 @@ class Trace:
             yield self._snapshot(f, pos, owners)
 
     def snapshot(self, frame: int) -> Snapshot:
-        """The table at `frame` (negative counts from the end), from the changes up to it."""
+        """The table at `frame` (negative counts from the end), from the changes up to it
+        (the last frame asked for kept: the pictures of one step ask for it twice)."""
         frame = range(self.n_frames)[frame]
-        n_cells = int(self.arrays["read_len"].max(initial=0))
-        pos, owners = scan.table_at(self.arrays, frame, n_cells, self.config.n_owner_words)
-        return self._snapshot(frame, pos, owners)
+        if self._table[0] != frame:
+            n_cells = int(self.arrays["read_len"].max(initial=0))
+            words = self.config.n_owner_words
+            self._table = (frame, *scan.table_at(self.arrays, frame, n_cells, words))
+        return self._snapshot(*self._table)
 
     def _replay(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
         n_cells = int(self.arrays["read_len"].max(initial=0))
@@ -203,7 +209,7 @@ class Trace:
         growth        : True where the pool grew (or was first allocated)
         largest_free  : the longest run of free cells among the allocated rows
         """
-        used, held = scan.used_and_held(self.arrays)
+        used, held = scan.used_and_held(self.arrays, self.cell_index)
         read_len = self.arrays["read_len"].astype(np.int64)
         rows = self.arrays["rows"].astype(np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -216,7 +222,7 @@ class Trace:
             "fragmentation": fragmentation,
             "width": self.widths,
             "growth": np.diff(rows, prepend=0) > 0,
-            "largest_free": scan.largest_free_run(self.arrays),
+            "largest_free": scan.largest_free_run(self.arrays, self.cell_index),
         }
 
     def timeline(self, frames=None) -> np.ndarray:

@@ -2,11 +2,15 @@
 tree over blocks of cells whose nodes hold the free run at their start, at their end and
 the longest inside. The tree is brought up to date only when the longest run can change;
 then changing k cells costs O(k + blocks changed x log n), vectorized a tree level at a
-time, so a trace's largest free run per frame costs O(changes log cells), not O(frames x
-cells).
+time, so a trace's largest free run per frame (`largest_per_frame`, told only the cells
+each frame frees or takes) costs O(changes log cells), not O(frames x cells).
 """
 
+from itertools import pairwise
+
 import numpy as np
+
+from numbakv.core.snapshot import FREE
 
 HEAD, TAIL, BEST = 0, 1, 2  # a node's columns
 BLOCK = 64  # cells under a leaf: its runs come from its cells in one numpy pass
@@ -119,6 +123,47 @@ class FreeRuns:
                     max(lb, rb, lt + rh),
                 )
             span *= 2
+
+
+def largest_per_frame(
+    rows: np.ndarray, cells: np.ndarray, codes: np.ndarray, frames: np.ndarray, previous: np.ndarray
+) -> np.ndarray:
+    """[n_frames] int64: the longest run of free cells among a trace's allocated rows
+    [0, rows) after each frame, from its changes: [n] `cells`, `codes`, `frames` and the
+    same cell's change before each (`previous`, -1 for none); [n_frames] `rows`."""
+    runs, out = FreeRuns(int(rows.max(initial=0))), np.zeros(len(rows), dtype=np.int64)
+    bounds, cells, free = _flips(rows.astype(np.int64), cells, codes == FREE, frames, previous)
+    for f, (start, end) in enumerate(pairwise(bounds)):
+        if end > start:
+            runs.set(cells[start:end], free[start:end])
+        out[f] = runs.largest
+    return out
+
+
+def _flips(
+    rows: np.ndarray, cells: np.ndarray, now_free: np.ndarray, frames: np.ndarray,
+    previous: np.ndarray,
+) -> tuple[list[int], np.ndarray, np.ndarray]:  # fmt: skip
+    """(bounds [n_frames + 1], cells [k] int64, free [k] bool): the cells of the allocated
+    rows each frame frees or takes, frame f's [bounds[f], bounds[f + 1]), ascending. A cell
+    is free for placement once the rows reach it, while its code is FREE (`now_free` [n]
+    bool after each change): a change below the rows before its frame counts when it frees
+    or takes its cell; the cells the rows grow by (rows never shrink) count when free."""
+    allocated = np.append(0, rows[:-1])  # each frame's rows before it
+    was_free = np.append(now_free, True)[previous]
+    flips = (cells < allocated[frames]) & (was_free != now_free)
+    grown = rows - allocated
+    new_frames = np.repeat(np.arange(len(rows)), grown)
+    new_cells = np.arange(len(new_frames)) + np.repeat(allocated - np.cumsum(grown) + grown, grown)
+    span = int(rows.max(initial=0)) + 1
+    new_keys = new_frames * span + new_cells
+    taken = frames[~now_free] * span + cells[~now_free]  # ascending
+    new_keys = new_keys[~np.isin(new_keys, taken, assume_unique=True)]  # taken at once: no
+    keys = np.concatenate([(frames[flips] * span + cells[flips]) * 2 + now_free[flips],
+                           new_keys * 2 + 1])  # fmt: skip
+    keys.sort()
+    bounds = np.searchsorted(keys, np.arange(len(rows) + 1) * span * 2).tolist()
+    return bounds, (keys >> 1) % span, (keys & 1).astype(bool)
 
 
 def _runs_ending(free: np.ndarray) -> np.ndarray:

@@ -5,17 +5,30 @@ A frame stores only the cells that changed since the one before (format 3,
 `numbakv.trace.file`), so a decode step of n sequences costs O(n) bytes and O(n) time;
 `annotate` adds the caller's own events (an engine's
 admissions and finishes) between the frames.
+
+At a frame the recorder reads the cells the verbs touched, swaps their state into its own
+copy of the table (`_Kept`: what they held comes back) and keeps the rest pending: the live
+ids, the step's rows. The pending frames are encoded together (`_encode`), in whole-array
+passes over all their cells: which changed, their owner codes, the owner bits each change
+to a shared cell flips. Every pass costs O(cells touched), none O(capacity) (the copy of
+the table is allocated once, its owners' pages mapped as cells are recorded), and a pass's
+fixed cost is shared by the frames of a batch (BATCH_FRAMES, BATCH_CELLS).
 """
 
 import numpy as np
 
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import ConfigError
-from numbakv.core.snapshot import SHARED, owner_codes
+from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.checks import annotation_problem, plain_data
-from numbakv.trace.file import ARRAYS, FRAME_EVENTS
+from numbakv.trace.file import ARRAYS, FRAME_EVENTS, write_trace_file
 from numbakv.trace.frames import Trace
-from numbakv.trace.upgrade import shared_toggles
+
+BATCH_FRAMES = 256  # pending frames that make a batch
+BATCH_CELLS = 1 << 14  # or pending cells read: a batch holds their [cells, words] owners
+_NO_STEP = (np.zeros(0, np.int32),) * 3  # a frame's step rows when it is no step
+# the verbs that may change which ids are live: after any other the live ids are not read
+_LIVE_EVENTS = frozenset({"seq_new", "seq_clone", "seq_rm", "clear", "seq_load"})
 
 
 class Recorder:
@@ -38,15 +51,18 @@ class Recorder:
         self._cache = cache
         # a cache that says what its verbs touched is read there; any other is read whole
         self._reads_touched = hasattr(cache, "touched_cells") and hasattr(cache, "cells_state")
-        self._pos = np.zeros(0, dtype=np.int32)  # the table as last recorded
-        self._owners = np.zeros((0, self.config.n_owner_words), dtype=np.uint64)
+        self._kept = _Kept(self.config.capacity, self.config.n_owner_words)
+        self._extent = 0  # the largest read_len recorded: every cell past it stayed free
         self._touched: list[np.ndarray] = []  # cells the verbs since the last frame touched
+        self._live: np.ndarray | None = None  # [max_seqs] bool, None once a verb changed it
         self._columns = {
             name: _Column(dtype, self.config.max_seqs if name == "live" else None)
             for name, (dtype, _) in ARRAYS.items()
         }
         for name in ("delta_offsets", "step_offsets"):
             self._columns[name].extend(np.zeros(1, np.int64))
+        self._pending = _Pending()
+        self._n_frames = 0
         self._annotations: list[dict] = []
         self._record(cache, "start", None)
         cache.add_observer(self._on_event)
@@ -73,105 +89,235 @@ class Recorder:
         problem = annotation_problem(kind, data)
         if problem is not None:
             raise ConfigError(f"{problem}; nothing was recorded")
-        frame = len(self._columns["events"]) - 1
+        frame = self._n_frames - 1
         self._annotations.append({"frame": frame, "kind": kind, "data": plain_data(data)})
 
     def _on_event(self, cache, event: str, step) -> None:
         if self._reads_touched:
             self._touched.append(cache.touched_cells())
+        if event in _LIVE_EVENTS:
+            self._live = None
         if step is not None or self.every_verb:
             self._record(cache, event, step)
 
     def _record(self, cache, event: str, step) -> None:
-        read_len, rows, live, cells, pos, owners = self._read(cache, event)
-        if len(cells) and cells[-1] >= len(self._pos):
-            self._grow(int(cells[-1]) + 1)
-        was_pos, was_owners = self._pos[cells], self._owners[cells]
-        changed = (pos != was_pos) | (owners != was_owners).any(axis=1)
-        cells, pos, owners, was_owners = (x[changed] for x in (cells, pos, owners, was_owners))
-        self._pos[cells], self._owners[cells] = pos, owners
-        c = self._columns
-        codes = owner_codes(owners)
-        shared = codes == SHARED
-        counts, seqs = shared_toggles(codes, was_owners[shared], owners[shared])
-        c["toggle_counts"].extend(counts)
-        c["toggle_seqs"].extend(seqs)
-        c["events"].extend([FRAME_EVENTS.index(event)])
-        c["read_len"].extend([read_len])
-        c["rows"].extend([rows])
-        c["live"].extend(live[None])
-        c["delta_cells"].extend(cells)
-        c["delta_pos"].extend(pos)
-        c["delta_codes"].extend(codes)
-        c["delta_offsets"].extend([len(c["delta_cells"])])
-        if step is not None:
-            c["step_cells"].extend(step.cells)
-            c["step_positions"].extend(step.positions)
-            c["step_seq_ids"].extend(step.seq_ids)
-        c["step_offsets"].extend([len(c["step_cells"])])
+        """Reads the frame after `event` (`step`: the Step of a prepare_step, else None)
+        into the pending batch; encodes the batch once it is full."""
+        read_len, rows, live, (cells, pos, owners) = self._read(cache, event)
+        reads = (cells, pos, owners, *self._kept.swap(cells, pos, owners))
+        steps = _NO_STEP if step is None else (step.cells, step.positions, step.seq_ids)
+        self._pending.add((FRAME_EVENTS.index(event), read_len, rows), live, reads, steps)
+        self._extent = max(self._extent, read_len)
+        self._n_frames += 1
+        if self._pending.is_full():
+            self._flush()
 
-    def _read(self, cache, event: str):
-        """(read_len, rows, [max_seqs] bool live, cells ascending, their [n] pos and [n,
-        words] owners) of the cells the verbs touched since the last frame; every cell the
-        first time and for a cache that does not say what its verbs touched."""
+    def _read(self, cache, event: str) -> tuple:
+        """(read_len, rows, [max_seqs] bool live, ([n] cells ascending, their [n] int32 pos,
+        [n, words] uint64 owners)): the cells the verbs touched since the last frame; every
+        cell the first time and for a cache that does not say what its verbs touched. The
+        live ids are read again only after a verb of _LIVE_EVENTS."""
         if event != "start" and self._reads_touched:
             touched, self._touched = self._touched, []
-            cells = np.unique(np.concatenate([np.zeros(0, np.int32), *touched]))
-            live = np.zeros(self.config.max_seqs, dtype=bool)
-            live[cache.live_seqs] = True
-            return (cache.read_len, cache.rows, live, cells, *cache.cells_state(cells))
+            cells = _distinct(np.concatenate([np.zeros(0, np.int32), *touched]))
+            if self._live is None:
+                self._live = np.zeros(self.config.max_seqs, dtype=bool)
+                self._live[cache.live_seqs] = True
+            return cache.read_len, cache.rows, self._live, (cells, *cache.cells_state(cells))
         snap = cache.snapshot()
-        self._touched = []
-        n = max(snap.read_len, len(self._pos))
+        self._touched, self._live = [], snap.live
+        n = max(snap.read_len, self._extent)
         pos = np.full(n, -1, dtype=np.int32)
         owners = np.zeros((n, self.config.n_owner_words), dtype=np.uint64)
         pos[: snap.read_len], owners[: snap.read_len] = snap.pos, snap.owners
-        return snap.read_len, snap.rows, snap.live, np.arange(n), pos, owners
+        return snap.read_len, snap.rows, snap.live, (np.arange(n), pos, owners)
 
-    def _grow(self, n: int) -> None:
-        """The kept table covers cells [0, n) (doubling, so growth costs O(1) a cell)."""
-        size = max(n, 2 * len(self._pos))
-        pos = np.full(size, -1, dtype=np.int32)
-        owners = np.zeros((size, self.config.n_owner_words), dtype=np.uint64)
-        pos[: len(self._pos)], owners[: len(self._pos)] = self._pos, self._owners
-        self._pos, self._owners = pos, owners
+    def _flush(self) -> None:
+        """Appends the pending frames to the columns, encoded (`_encode`)."""
+        pending, self._pending = self._pending, _Pending()
+        if pending.frames:
+            c = self._columns
+            offsets = len(c["delta_cells"]), len(c["step_cells"])
+            for name, values in _encode(pending, *offsets):
+                c[name].extend(values)
 
     def trace(self) -> Trace:
-        """The frames recorded so far (read-only views of the recorder's arrays: no copy)."""
+        """The frames recorded so far (read-only views of the recorder's arrays)."""
+        self._flush()
         arrays = {name: column.view() for name, column in self._columns.items()}
         return Trace(self.config, arrays, self._annotations)
 
     def save(self, path) -> None:
-        """Writes the frames recorded so far to one `.npz` file."""
-        self.trace().save(path)
+        """Writes the frames recorded so far to one `.npz` file: the file `trace().save`
+        writes, without `trace()`'s check of the recorder's own arrays (`load_trace` checks
+        every file it reads), each column written chunk by chunk, never joined."""
+        self._flush()
+        chunks = {name: column.chunks for name, column in self._columns.items()}
+        write_trace_file(path, self.config, chunks, self._annotations)
+
+
+class _Pending:
+    """Frames read since the columns were last appended to, not yet encoded."""
+
+    def __init__(self):
+        self.frames: list[tuple[int, int, int]] = []  # (event index, read_len, rows) each
+        self.live: list[np.ndarray] = []  # [max_seqs] bool each
+        # (cells, pos, owners, pos before, owner words changed, their changes): `_Kept.swap`
+        self.cells: list[tuple[np.ndarray, ...]] = []
+        self.steps: list[tuple[np.ndarray, ...]] = []  # ([width] cells, positions, seq_ids)
+        self._n_cells = 0
+
+    def add(self, frame: tuple, live: np.ndarray, cells: tuple, steps: tuple) -> None:
+        self.frames.append(frame)
+        self.live.append(live)
+        self.cells.append(cells)
+        self.steps.append(steps)
+        self._n_cells += len(cells[0])
+
+    def is_full(self) -> bool:
+        """True once the frames or the cells read are enough for a batch."""
+        return len(self.frames) >= BATCH_FRAMES or self._n_cells >= BATCH_CELLS
+
+
+class _Kept:
+    """The cell table as the frames so far leave it: [capacity] int32 pos and owners, one
+    void item of `words` uint64 a cell (numpy gathers and scatters those several times
+    faster than the rows of a 2-d array). The owners are allocated, not written: memory is
+    taken only for the cells recorded."""
+
+    def __init__(self, capacity: int, n_words: int):
+        self._pos = np.full(capacity, -1, dtype=np.int32)
+        self._owners = np.zeros(capacity, dtype=(np.void, 8 * n_words))
+        self._n_words = n_words
+
+    def swap(self, cells: np.ndarray, pos: np.ndarray, owners: np.ndarray) -> tuple:
+        """Sets `cells` ([n] distinct) to `pos` ([n] int32) and `owners` ([n, words]
+        uint64); returns ([n] int32 the pos they held, [k] int64 the flat indices into
+        `owners` of the words that changed, ascending, [k] uint64 those words' changed
+        bits)."""
+        was_pos, was = self._pos[cells], self._owners.take(cells).view(np.uint64)
+        self._pos[cells] = pos
+        self._owners[cells] = np.ascontiguousarray(owners).view(self._owners.dtype).ravel()
+        diff = (was.reshape(owners.shape) ^ owners).ravel()
+        words = np.flatnonzero(diff != 0)
+        return was_pos, words, diff[words]
+
+
+def _encode(pending: _Pending, n_changes: int, n_rows: int) -> list[tuple]:
+    """(name, entries) for every array of ARRAYS: the pending frames', in order.
+    n_changes, n_rows: the changes and step rows recorded before them (their offsets start
+    there)."""
+    events, read_len, rows = (np.array(x) for x in zip(*pending.frames, strict=True))
+    cells, pos, owners, was_pos, words, bits = (
+        np.concatenate(x) for x in zip(*pending.cells, strict=True)
+    )
+    n_reads = [len(reads[0]) for reads in pending.cells]
+    ends, n_words = np.cumsum(n_reads), owners.shape[1]  # each frame's reads end at `ends`
+    # the words changed, from flat indices into each frame's owners to the batch's
+    words += np.repeat((ends - n_reads) * n_words, [len(reads[4]) for reads in pending.cells])
+    codes = _codes(owners)
+    changed = pos != was_pos
+    changed[words // n_words] = True
+    shared = codes[words // n_words] == SHARED
+    flips, toggle_seqs = _flips(owners, words[shared], bits[shared])
+    done = np.concatenate([[0], np.cumsum(changed)])[ends]  # each frame's changes end there
+    changed = np.flatnonzero(changed)
+    steps = [np.concatenate(x) for x in zip(*pending.steps, strict=True)]
+    return [
+        ("events", events), ("read_len", read_len), ("rows", rows),
+        ("live", np.stack(pending.live)), ("delta_offsets", n_changes + done),
+        ("delta_cells", cells[changed]), ("delta_pos", pos[changed]),
+        ("delta_codes", codes[changed]), ("toggle_counts", flips[changed]),
+        ("toggle_seqs", toggle_seqs),
+        ("step_offsets", n_rows + np.cumsum([len(s[0]) for s in pending.steps])),
+        ("step_cells", steps[0]), ("step_positions", steps[1]), ("step_seq_ids", steps[2]),
+    ]  # fmt: skip
+
+
+def _flips(owners: np.ndarray, words: np.ndarray, bits: np.ndarray) -> tuple:
+    """([n] int32 how many owner bits each read flips, [t] int32 each flip: toggle_seqs, s
+    where the read's cell gains owner s, ~s where it loses s, by read then id) of the
+    reads' changed owner words: flat indices `words` into `owners` ([n, words] uint64,
+    after), ascending, and `bits` ([k] uint64), the bits each changed."""
+    n_bits = np.bitwise_count(bits)
+    flip = np.repeat(np.arange(len(words)), n_bits)  # each flipped bit's word, in order
+    bit = _bits(bits, np.cumsum(n_bits) - n_bits, len(flip))
+    at = words[flip]
+    gained = (owners.ravel()[at] >> bit.astype(np.uint64)) & np.uint64(1)
+    reads, ids = np.divmod(at, owners.shape[1])
+    ids = 64 * ids + bit
+    seqs = np.where(gained == 1, ids, ~ids).astype(np.int32)
+    return np.bincount(reads, minlength=len(owners)).astype(np.int32), seqs
+
+
+def _bits(values: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """[n] int64: the bits set in `values` ([m] uint64), ascending, each value's from its
+    entry of `starts` on: the lowest bits of all, then the next of those with more, ..."""
+    bits = np.empty(n, dtype=np.int64)
+    at, rest, nth = np.arange(len(values)), values, 0
+    while len(at):
+        lower = rest & (rest - np.uint64(1))  # the value without its lowest bit
+        bits[starts[at] + nth] = np.bitwise_count((rest ^ lower) - np.uint64(1))
+        more = lower != 0
+        at, rest, nth = at[more], lower[more], nth + 1
+    return bits
+
+
+def _codes(owners: np.ndarray) -> np.ndarray:
+    """[n] int32 owner codes of `owners` ([n, words] uint64), those of
+    `numbakv.core.snapshot.owner_codes`, summed by word column: numpy's reductions along a
+    row's few words cost several times as much."""
+    bits = np.bitwise_count(owners)
+    total = bits[:, 0].astype(np.int32)
+    word = np.zeros(len(owners), dtype=np.int32)  # a one-bit row's word
+    for k in range(1, owners.shape[1]):
+        total += bits[:, k]
+        word += bits[:, k] * np.int32(k)
+    codes = np.where(total > 1, SHARED, FREE).astype(np.int32)
+    one = np.flatnonzero(total == 1)
+    lowest = owners[one, word[one]] - np.uint64(1)  # its bit's ones below it
+    codes[one] = 64 * word[one] + np.bitwise_count(lowest).astype(np.int32)
+    return codes
 
 
 class _Column:
-    """A numpy array that grows by doubling: appending n entries costs O(n) amortized."""
+    """A numpy array appended to in chunks and joined when read: appending costs O(1) (the
+    chunk is kept, not copied), reading the n entries O(n) once."""
 
     def __init__(self, dtype, width: int | None = None):
-        self._data = np.zeros((16,) if width is None else (16, width), dtype=dtype)
+        self._chunks = [np.zeros((0,) if width is None else (0, width), dtype=dtype)]
         self._n = 0
 
     def extend(self, values) -> None:
-        values = np.asarray(values, dtype=self._data.dtype)
-        end = self._n + len(values)
-        if end > len(self._data):
-            data = np.zeros(
-                (max(end, 2 * len(self._data)), *self._data.shape[1:]), self._data.dtype
-            )
-            data[: self._n] = self._data[: self._n]
-            self._data = data
-        self._data[self._n : end] = values
-        self._n = end
+        self._chunks.append(np.asarray(values, dtype=self._chunks[0].dtype))
+        self._n += len(self._chunks[-1])
+
+    @property
+    def chunks(self) -> list[np.ndarray]:
+        """The entries so far, as the chunks appended (`view` joins them)."""
+        return list(self._chunks)
 
     def __len__(self) -> int:
         return self._n
 
     def view(self) -> np.ndarray:
-        view = self._data[: self._n]
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        view = self._chunks[0].view()
         view.flags.writeable = False
         return view
+
+
+def _distinct(cells: np.ndarray) -> np.ndarray:
+    """[n] the distinct values of `cells` ([m] ints), ascending: np.unique by a sort (its
+    hash table costs several times as much on a frame's few thousand cells), when they
+    are not so already (as one verb's are)."""
+    if (cells[1:] > cells[:-1]).all():
+        return cells
+    cells = np.sort(cells)
+    keep = np.ones(len(cells), dtype=bool)
+    keep[1:] = cells[1:] != cells[:-1]
+    return cells[keep]
 
 
 def _python(value: object) -> object:

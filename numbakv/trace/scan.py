@@ -1,19 +1,21 @@
 """Figures of a trace computed from its recorded changes, never from a table per frame
-(numba-free): `Trace.metrics`, `Trace.timeline` and the pictures of `numbakv.viz` read the
-trace through these.
+(numba-free): `Trace.metrics`, `Trace.timeline`, the checks of a loading trace and the
+pictures of `numbakv.viz` read the trace through these.
 
 A trace stores, per frame, only the cells that changed. The per-frame figures follow from
-each change and the change before it of the same cell (vectorized over the changes); what
-needs the whole table (the largest free run, contiguous runs per sequence) replays it once,
-in place, touching only the changed cells' neighbourhood per frame.
+each change and the same cell's changes before and after it (`CellIndex`), vectorized
+over the changes: occupancy and sharing, each sequence's runs of cells from the stretches
+of frames each cell has each owner (`owner_spans`); snapshots replay the table
+(`TableReplay`, `table_at`).
 """
 
 from collections.abc import Iterator
+from functools import cached_property
 
 import numpy as np
 
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace.free_runs import FreeRuns
+from numbakv.trace.free_runs import largest_per_frame
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -32,58 +34,64 @@ def previous_changes(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return previous
 
 
+class CellIndex:
+    """The changes of a trace by cell (`arrays`: a trace's, or those of
+    `numbakv.viz.holders.cell_changes`), for scans that follow each cell's changes.
+
+    frames    : [n] int64, the frame of each change
+    previous  : [n] int64, the same cell's change before each change, -1 for none (as the
+                trace's checks found it, `numbakv.trace.sweep`; else from a sort by cell)
+    following : [n] int64, the same cell's change after each change, -1 for none
+    n_owners  : [n] int64, how many owners each change leaves its cell, as the trace's
+                checks counted them (None otherwise)
+    owners    : ([k] int64 the changes to SHARED, [k, words] uint64 the owners each leaves
+                its cell), as the trace's checks found them (None otherwise)
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], previous=None, n_owners=None, owners=None):
+        self.cells, self.n_owners, self.owners = arrays["delta_cells"], n_owners, owners
+        self.frames, self.n_frames = change_frames(arrays), len(arrays["events"])
+        self.previous = previous_changes(arrays) if previous is None else previous
+
+    def frame_of(self, changes: np.ndarray) -> np.ndarray:
+        """[k] int64 frames of `changes` ([k] indices, -1 for none: n_frames)."""
+        return np.where(changes >= 0, self.frames[np.maximum(changes, 0)], self.n_frames)
+
+    @cached_property
+    def following(self) -> np.ndarray:
+        following = np.full(len(self.cells), -1, dtype=np.int64)
+        had = np.flatnonzero(self.previous >= 0)
+        following[self.previous[had]] = had
+        return following
+
+
 def request_table(bindings: np.ndarray, n_frames: int, max_seqs: int) -> np.ndarray:
     """[n_frames, max_seqs] int64: the request each sequence id is bound to at each frame,
     -1 for none. `bindings` are `Trace.seq_bindings()` rows (frame, seq, request): each
-    holds from the frame after its own until the id's next binding."""
+    holds from the frame after its own until the id's next binding (the later row of two
+    at one frame)."""
+    starts, seqs, requests = (bindings[:, i] for i in range(3))
+    starts = starts + 1
+    key = (starts * max_seqs + seqs)[::-1]
+    last = len(key) - 1 - np.unique(key, return_index=True)[1]  # each (frame, id)'s last
+    last = last[starts[last] < n_frames]
     table = np.full((n_frames, max_seqs), -1, dtype=np.int64)
-    for frame, seq, request in bindings.tolist():
-        table[frame + 1 :, seq] = request
-    return table
+    table[starts[last], seqs[last]] = requests[last]
+    since = np.where(table >= 0, np.arange(n_frames)[:, None], -1)
+    np.maximum.accumulate(since, axis=0, out=since)  # the frame of the binding in force
+    return np.where(since >= 0, table[np.maximum(since, 0), np.arange(max_seqs)], -1)
 
 
-def used_and_held(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def used_and_held(arrays: dict[str, np.ndarray], index: CellIndex) -> tuple[np.ndarray, np.ndarray]:
     """([n_frames] int64 occupied cells, [n_frames] int64 tokens held) after each frame;
-    held - occupied is what sharing saves."""
-    codes, n_owners = arrays["delta_codes"], owner_counts(arrays)
-    previous = previous_changes(arrays)
-    had = previous >= 0
-    frames, n_frames = change_frames(arrays), len(arrays["events"])
-    was_used = np.zeros(len(codes), dtype=np.int64)
-    was_used[had] = codes[previous[had]] != FREE
-    d_used = np.bincount(frames, (codes != FREE) - was_used, n_frames)
-    was_held = np.zeros(len(codes), dtype=np.int64)
-    was_held[had] = n_owners[previous[had]]
-    d_held = np.bincount(frames, n_owners - was_held, n_frames)
+    held - occupied is what sharing saves. `index`: the changes' `CellIndex`."""
+    codes, n_owners, previous = arrays["delta_codes"], index.n_owners, index.previous
+    used = (codes != FREE).astype(np.int64)
+    d_used = used - np.append(used, 0)[previous]  # [-1]: before any change, nothing
+    d_held = n_owners - np.append(n_owners, 0)[previous]
+    n_frames = len(arrays["events"])
+    d_used, d_held = (np.bincount(index.frames, d, n_frames) for d in (d_used, d_held))
     return np.cumsum(d_used).astype(np.int64), np.cumsum(d_held).astype(np.int64)
-
-
-def owner_counts(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """[n_changes] int64: how many owners each change leaves its cell. A change to an id
-    or FREE says it (1, 0); one to SHARED adds its toggles' gains less losses to the count
-    the cell's change before left (a running sum over each cell's changes, restarted at
-    every plain change)."""
-    codes, cells = arrays["delta_codes"], arrays["delta_cells"]
-    toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
-    gains = np.bincount(toggled, np.where(arrays["toggle_seqs"] >= 0, 1, -1), len(codes))
-    value = np.where(codes == SHARED, gains, codes >= 0).astype(np.int64)
-    order = np.argsort(cells, kind="stable")  # each cell's changes, in frame order
-    value = value[order]
-    restart = codes[order] != SHARED
-    restart[:1] = True
-    restart[1:] |= cells[order][1:] != cells[order][:-1]
-    total = np.cumsum(value)
-    starts = np.flatnonzero(restart)
-    before = np.repeat((total - value)[starts], np.diff(np.append(starts, len(codes))))
-    counts = np.empty(len(codes), dtype=np.int64)
-    counts[order] = total - before
-    return counts
-
-
-def last_of(cells: np.ndarray) -> np.ndarray:
-    """int64 indices of each distinct value's last occurrence in `cells`, by value."""
-    _, first = np.unique(cells[::-1], return_index=True)  # first in reverse: the last
-    return len(cells) - 1 - first
 
 
 def id_words(flags: np.ndarray) -> np.ndarray:
@@ -95,18 +103,16 @@ def id_words(flags: np.ndarray) -> np.ndarray:
 
 
 def replay_codes(
-    arrays: dict[str, np.ndarray], n_cells: int, new_codes: np.ndarray | None = None
+    arrays: dict[str, np.ndarray], n_cells: int
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(frame, codes, changed cells) per frame, in order: `codes` is one `[n_cells] int32`
     array of owner codes (ids, FREE, SHARED), updated in place to the table after that
-    frame. Consumers read it before the next iteration and never keep it. `new_codes`:
-    each change's code when not the trace's own (`delta_codes`)."""
+    frame. Consumers read it before the next iteration and never keep it."""
     codes = np.full(n_cells, FREE, dtype=np.int32)
-    new_codes = arrays["delta_codes"] if new_codes is None else new_codes
     offsets, cells = arrays["delta_offsets"], arrays["delta_cells"]
     for f in range(len(arrays["events"])):
         changed = slice(offsets[f], offsets[f + 1])
-        codes[cells[changed]] = new_codes[changed]
+        codes[cells[changed]] = arrays["delta_codes"][changed]
         yield f, codes, cells[changed]
 
 
@@ -193,7 +199,7 @@ def id_bits(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """([n] int64 word, [n] uint64 mask) of each id in an owner bitset: id i is bit i % 64
     of word i // 64."""
     ids = np.asarray(ids, dtype=np.int64)
-    return ids // 64, np.left_shift(np.uint64(1), (ids % 64).astype(np.uint64))
+    return ids >> 6, np.left_shift(np.uint64(1), (ids & 63).astype(np.uint64))
 
 
 def replay_table(
@@ -207,45 +213,80 @@ def replay_table(
         yield f, replay.pos, replay.owners, changed
 
 
-def largest_free_run(arrays: dict[str, np.ndarray]) -> np.ndarray:
+def largest_free_run(arrays: dict[str, np.ndarray], index: CellIndex | None = None) -> np.ndarray:
     """[n_frames] int64: the longest stretch of consecutive free cells among the pool's
     allocated rows [0, rows) after each frame (what one contiguous placement could get);
-    O(changes log cells) (`FreeRuns`)."""
-    rows = arrays["rows"]
-    n_cells = int(rows.max(initial=0))
-    out = np.zeros(len(rows), dtype=np.int64)
-    runs, allocated = FreeRuns(n_cells), 0  # a cell past the rows is not free for placement
-    for f, codes, changed in replay_codes(arrays, n_cells):
-        grown = np.arange(allocated, rows[f])  # rows never shrink (`checks`)
-        cells = np.concatenate([changed[changed < allocated], grown])  # ascending
-        runs.set(cells, codes[cells] == FREE)
-        allocated = max(allocated, int(rows[f]))
-        out[f] = runs.largest
-    return out
+    O(changes log cells) (`numbakv.trace.free_runs.largest_per_frame`). `index`: the
+    changes' `CellIndex` (made here when not given)."""
+    index = CellIndex(arrays) if index is None else index
+    cells, codes = arrays["delta_cells"], arrays["delta_codes"]
+    return largest_per_frame(arrays["rows"], cells, codes, index.frames, index.previous)
 
 
-def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, n_words: int) -> np.ndarray:
+def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, index: CellIndex) -> np.ndarray:
     """[n_frames, max_seqs] int32: how many maximal runs of consecutive cells each sequence
-    owns after each frame (shared cells count for every owner; 0 = it owns none). One run
-    is a contiguous sequence; k runs are k separate stretches gathered attention reads."""
-    n_cells, n_frames = int(arrays["read_len"].max(initial=0)), len(arrays["events"])
-    replay = TableReplay(arrays, n_cells + 1, n_words)  # row n_cells: a free sentinel
-    owners = replay.owners
-    delta = np.zeros((n_frames, max_seqs), dtype=np.int64)
-    for f in np.flatnonzero(np.diff(arrays["delta_offsets"])).tolist():  # frames that change
-        # a run starts at cell x for each owner of x that does not own x - 1: only starts
-        # at a changed cell or just past one can change (cell -1 is row n_cells: free)
-        c = replay.changes(f)[0]  # ascending (trace checks)
-        at = np.concatenate([c, (c + 1)[np.append(c[1:] != c[:-1] + 1, True)]])
-        at = at[at < n_cells]
-        before = owners[at] & ~owners[at - 1]  # the run starts there before the frame
-        replay.apply(f)
-        rows, seqs = owner_bits(np.concatenate([before, owners[at] & ~owners[at - 1]]))
-        after = rows >= len(at)
-        delta[f] = np.bincount(seqs[after], minlength=max_seqs) - np.bincount(
-            seqs[~after], minlength=max_seqs
-        )
-    return np.cumsum(delta, axis=0).astype(np.int32)
+    owns after each frame (shared cells count for every owner; 0 = it owns none): the
+    cells an id owns, less those whose cell before it owns too. Each a stretch of frames
+    (`owner_spans`), the second where stretches of neighbouring cells meet."""
+    ids, cells, starts, ends = owner_spans(arrays, index)
+    shift = (len(arrays["events"]) + 1).bit_length()  # (id, cell, frame) keys, ascending
+    group = (ids << _cell_bits(arrays)) | cells
+    left = (group - 1) << shift  # the stretches of the cell before, same id
+    lo = np.searchsorted((group << shift) | ends, left | starts, side="right")
+    n = np.searchsorted((group << shift) | starts, left | ends) - lo
+    n = np.where(cells > 0, np.maximum(n, 0), 0)
+    right = np.repeat(np.arange(len(n)), n)
+    before = np.arange(len(right)) - np.repeat(np.cumsum(n) - n - lo, n)
+    met = np.maximum(starts[right], starts[before]), np.minimum(ends[right], ends[before])
+    size = (len(arrays["events"]) + 1) * max_seqs  # (frame, id) entries, one frame past
+    ups = np.concatenate([starts * max_seqs + ids, met[1] * max_seqs + ids[right]])
+    downs = np.concatenate([ends * max_seqs + ids, met[0] * max_seqs + ids[right]])
+    delta = np.bincount(ups, minlength=size) - np.bincount(downs, minlength=size)
+    return np.cumsum(delta.reshape(-1, max_seqs)[:-1], axis=0).astype(np.int32)
+
+
+def owner_spans(
+    arrays: dict[str, np.ndarray], index: CellIndex
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(id, cell, start, end) [k] int64 each, ascending by id, cell, then start: every
+    stretch of frames [start, end) during which a cell has that owner (end n_frames: still
+    at the last frame). Of a checked trace (`index` with its owners): each (cell, id)
+    gains and loses in turn; a plain change or a toggle gives, a toggle or a plain change
+    over the cell's owners (the one before, or the set a change to SHARED left) takes."""
+    codes, cells, previous = arrays["delta_codes"], arrays["delta_cells"], index.previous
+    toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
+    ids, gained = toggle_ids(arrays["toggle_seqs"])
+    over = np.flatnonzero((codes != SHARED) & (previous >= 0))  # over the owners before
+    was = codes[previous[over]]
+    shared, owners = index.owners
+    rows, set_ids = owner_bits(owners[np.searchsorted(shared, previous[over[was == SHARED]])])
+    events = [  # (id, change, gains)
+        (codes[codes >= 0], np.flatnonzero(codes >= 0), 1),
+        (ids[gained], toggled[gained], 1),
+        (ids[~gained], toggled[~gained], 0),
+        (was[was >= 0], over[was >= 0], 0),
+        (set_ids, over[was == SHARED][rows], 0),
+    ]
+    shift, cell_bits = max(len(codes), 1).bit_length(), _cell_bits(arrays)
+    # keys of (id, cell, change, gains) in bits
+    keys = [(((i.astype(np.int64) << cell_bits | cells[c]) << shift | c) << 1) | g
+            for i, c, g in events]  # fmt: skip
+    keys = np.concatenate(keys)
+    keys.sort()  # each (id, cell)'s gains and losses in turn, a loss before a gain at once
+    gain = np.flatnonzero(keys & 1)
+    pair, after = keys[gain] >> (shift + 1), keys[np.minimum(gain + 1, len(keys) - 1)]
+    change, ends = (keys[gain] >> 1) & ((1 << shift) - 1), (after >> 1) & ((1 << shift) - 1)
+    lost = (gain + 1 < len(keys)) & (after >> (shift + 1) == pair)  # its loss follows
+    ends = np.where(lost, ends, -1)
+    starts, ends = index.frames[change], index.frame_of(ends)
+    return pair >> cell_bits, pair & ((1 << cell_bits) - 1), starts, ends
+
+
+def _cell_bits(arrays: dict[str, np.ndarray]) -> int:
+    """The bits a cell of the trace takes in int64 keys of (id, cell, change or frame): room
+    for max_seqs * (n_cells + 1) * 2 * n_changes below 2**63 (1 024 ids of 1 Mi cells:
+    2**32 changes)."""
+    return int(arrays["delta_cells"].max(initial=0)).bit_length()
 
 
 def owner_bits(owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

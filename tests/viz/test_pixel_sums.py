@@ -1,0 +1,52 @@
+"""Owner pixels sum what each pixel holds from the stretches of steps the cells of a column
+hold a label, as integrals of a count, and find a majority from its bits. Against a dense
+count of every (step, column, label) on random stretches: the sums, the label held, and a
+majority found only where there is one (bits that name no label, or a label that holds
+less than half, are MIXED)."""
+
+import numpy as np
+import pytest
+
+from numbakv.viz.owners import MIXED
+from numbakv.viz.pixels import _Integrals, _majority_labels, edges
+
+
+def dense(cols, labels, starts, ends, shape, n_steps) -> np.ndarray:
+    """[n_steps, cols, labels] int64: how many cells of each column hold each label."""
+    counts = np.zeros((n_steps, *shape), dtype=np.int64)
+    for col, label, start, end in zip(cols, labels, starts, ends, strict=True):
+        counts[start:end, col, label] += 1
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("n_labels", [1, 2, 7, 9])
+def test_sums_and_majorities_are_the_dense_counts(seed, n_labels):
+    rng = np.random.default_rng(seed)
+    n_cols, n_steps, step_bin, k = 5, int(rng.integers(1, 40)), int(rng.integers(1, 6)), 60
+    cols, labels = rng.integers(0, n_cols, k), rng.integers(0, n_labels, k)
+    starts = rng.integers(0, n_steps, k)
+    ends = np.minimum(starts + rng.integers(1, 12, k), n_steps)
+    step_edges = edges(0, n_steps, step_bin)
+    sums = _Integrals(cols * n_labels + labels, starts, ends, (n_cols, n_labels), step_edges,
+                      step_bin)  # fmt: skip
+    counts = dense(cols, labels, starts, ends, (n_cols, n_labels), n_steps)
+    by_row = np.add.reduceat(counts, step_edges[:-1], axis=0)  # [rows, cols, labels]
+    total = by_row.sum(axis=2)
+    np.testing.assert_array_equal(sums.of(np.ones_like(sums.labels)), total)
+    for label in range(n_labels):
+        np.testing.assert_array_equal(sums.of(sums.labels == label), by_row[..., label])
+    best = by_row.argmax(axis=2)
+    want = np.where(2 * by_row.max(axis=2) > total, best, MIXED)
+    np.testing.assert_array_equal(_majority_labels(sums, total), want)
+
+
+def test_bits_that_name_no_label_are_no_majority():
+    """Labels 3, 5 and 6 a third each: every bit is a majority bit, and 7 names no label
+    (7 of a column is the next column's label 0, which holds everything there)."""
+    step_edges = edges(0, 3, 3)
+    cols, labels = np.array([0, 0, 0, 1, 1, 1]), np.array([3, 5, 6, 0, 0, 0])
+    starts, ends = np.zeros(6, np.int64), np.full(6, 3)
+    sums = _Integrals(cols * 7 + labels, starts, ends, (2, 7), step_edges, 3)
+    total = sums.of(np.ones_like(sums.labels))
+    assert _majority_labels(sums, total).tolist() == [[MIXED, 0]]
