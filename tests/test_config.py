@@ -8,6 +8,7 @@ import pytest
 
 from numbakv import CacheConfig
 from numbakv.core.errors import ConfigError
+from numbakv.core.values import short_repr
 
 GOOD = dict(n_layers=2, n_kv_heads=2, head_dim=8, capacity=64, max_width=16, max_seqs=4)
 
@@ -187,3 +188,18 @@ def test_fp8_scales_one_or_per_layer_k_v_and_head():
 def test_bad_formats_and_scales_are_refused_by_name(fields, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
         make(**fields)
+
+
+@pytest.mark.parametrize(
+    "value", [3, "x", [1, 2, (3, "a")], {"k": None}, np.int64(7), 2.5, list(range(15))]
+)
+def test_short_repr_is_repr_when_repr_fits(value):
+    assert short_repr(value) == repr(value)
+
+
+def test_short_repr_cuts_huge_values_to_60_characters():
+    for value in (list(range(10**6)), "y" * 10**7, [[[[[[[[1]]]]]]]] * 3, 10**400):
+        shown = short_repr(value)
+        assert len(shown) <= 60 and shown.endswith("...") == (len(repr(value)) > 60), shown
+    assert short_repr(list(range(10**6))).startswith("[0, 1, 2, 3")
+    assert short_repr("y" * 10**7) == repr("y" * 57)[:57] + "..."

@@ -33,7 +33,8 @@ def as_int(name: str, value, error: type[Exception] = ConfigError, hint: str = "
 def short_repr(value) -> str:
     """repr(value) cut to 60 characters, made without the whole repr of a long string or a
     deep or long container (a hostile file's or caller's value may be huge): the message's
-    one way to show a value. Equal to repr(value) whenever that fits."""
+    one way to show a value. Equal to repr(value) whenever that fits and nests at most six
+    deep."""
     text = _REPR.repr(value)
     return text if len(text) <= SHORT else text[: SHORT - 3] + "..."
 
