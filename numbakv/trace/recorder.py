@@ -19,7 +19,7 @@ import numpy as np
 
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import ConfigError
-from numbakv.core.snapshot import FREE, SHARED
+from numbakv.core.snapshot import SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, write_trace_file
 from numbakv.trace.frames import Trace
@@ -215,7 +215,7 @@ def _encode(pending: _Pending, n_changes: int, n_rows: int) -> list[tuple]:
     ends, n_words = np.cumsum(n_reads), owners.shape[1]  # each frame's reads end at `ends`
     # the words changed, from flat indices into each frame's owners to the batch's
     words += np.repeat((ends - n_reads) * n_words, [len(reads[4]) for reads in pending.cells])
-    codes = _codes(owners)
+    codes = owner_codes(owners)
     changed = pos != was_pos
     changed[words // n_words] = True
     shared = codes[words // n_words] == SHARED
@@ -261,23 +261,6 @@ def _bits(values: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
         more = lower != 0
         at, rest, nth = at[more], lower[more], nth + 1
     return bits
-
-
-def _codes(owners: np.ndarray) -> np.ndarray:
-    """[n] int32 owner codes of `owners` ([n, words] uint64), those of
-    `numbakv.core.snapshot.owner_codes`, summed by word column: numpy's reductions along a
-    row's few words cost several times as much."""
-    bits = np.bitwise_count(owners)
-    total = bits[:, 0].astype(np.int32)
-    word = np.zeros(len(owners), dtype=np.int32)  # a one-bit row's word
-    for k in range(1, owners.shape[1]):
-        total += bits[:, k]
-        word += bits[:, k] * np.int32(k)
-    codes = np.where(total > 1, SHARED, FREE).astype(np.int32)
-    one = np.flatnonzero(total == 1)
-    lowest = owners[one, word[one]] - np.uint64(1)  # its bit's ones below it
-    codes[one] = 64 * word[one] + np.bitwise_count(lowest).astype(np.int32)
-    return codes
 
 
 class _Column:
