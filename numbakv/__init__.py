@@ -71,6 +71,7 @@ _EXPORTS = {
     "Lockstep": "numbakv.serve.lockstep",
     "LockstepError": "numbakv.serve.lockstep",
     "PrefixCache": "numbakv.serve.prefix",
+    "KVEventsConfig": "numbakv.serve.kv_events",
 }
 
 __all__ = sorted(_EXPORTS)

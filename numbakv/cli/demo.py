@@ -22,11 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbakv.cli.args import CHECK, fail, integer, output_file
+from numbakv.core.errors import ConfigError
 from numbakv.core.paths import new_file
 from numbakv.core.values import as_int, int_at_least
 from numbakv.reference import CellCache as ReferenceCache
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
+from numbakv.serve.kv_events import KVEventsConfig
 from numbakv.serve.lockstep import Lockstep, LockstepError
 from numbakv.serve.model import Model, ModelConfig
 from numbakv.serve.prefix import PrefixCache
@@ -83,12 +85,14 @@ def run(
     columns: int = 64,
     trace_path: str | None = None,
     print_fn: Callable[[str], None] = print,
+    kv_events: KVEventsConfig | None = None,
 ) -> Report:
     """Runs the workload and prints the map and the summary; returns the measurements.
 
     seed       : seeds the model's weights, an integer >= 0
     columns    : cells per line of the printed map, an integer >= 1
     trace_path : where to save the device cache's trace, a frame per forward (`.npz`)
+    kv_events  : None, or where the engine publishes its prefix cache's blocks (`Engine`)
     Raises `LockstepError` at the first disagreement with the reference; TypeError or
     ValueError, before any work, for a bad argument (`check_arguments`).
     """
@@ -106,7 +110,7 @@ def run(
     recorder = Recorder(cache)
     engine = Engine(
         lockstep, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
-        prefix_cache=PrefixCache(lockstep),
+        prefix_cache=PrefixCache(lockstep), kv_events=kv_events,
     )  # fmt: skip
     print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
              f"against the reference cache at every step")  # fmt: skip
@@ -124,6 +128,9 @@ def run(
             break
         engine.step()
     seconds = time.perf_counter() - start
+    if engine.kv_events is not None:
+        engine.kv_events.close()
+        print_fn(f"KV events: {engine.kv_events.n_batches} batches to {kv_events.endpoint}")
     report = Report(engine, lockstep, ids, seconds, recorder.trace())
     _print(report, cache, columns, print_fn)
     if trace_path:
@@ -151,7 +158,17 @@ def add_command(commands) -> None:
                       help="cells per map line")  # fmt: skip
     demo.add_argument("--trace", type=output_file(".npz"), metavar="FILE.npz",
                       help="save the table per forward")  # fmt: skip
+    demo.add_argument("--kv-events", type=endpoint, metavar="ENDPOINT",
+                      help="publish prefix blocks as vLLM does (tcp://*:5557)")  # fmt: skip
     demo.set_defaults(run=run_command, parser=demo)
+
+
+def endpoint(value: str) -> KVEventsConfig:
+    """`--kv-events`: a `KVEventsConfig` publishing at `value`."""
+    try:
+        return KVEventsConfig(value)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -159,9 +176,11 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     reference or a trace that cannot be written."""
     trace = None if args.trace is None else str(args.trace)
     try:
-        run(seed=args.seed, columns=args.columns, trace_path=trace)
+        run(seed=args.seed, columns=args.columns, trace_path=trace, kv_events=args.kv_events)
     except LockstepError as error:
         return fail(parser, f"the device path disagrees with the reference: {error}")
+    except ConfigError as error:  # the endpoint cannot be bound, or pyzmq is missing
+        return fail(parser, str(error))
     except OSError as error:
         if trace is None:
             raise

@@ -23,4 +23,5 @@ conversations  a finished conversation to a file and into a prefix cache (the en
 ledger     the engine's requests by id, and each batch's input
 memory     where the engine's sessions and cells come from: hits, holders, eviction
 admission  which requests hold sessions: placed by memory, batches fitted, preemption
+kv_events  the prefix cache's blocks published as vLLM's KV events (pyzmq, msgspec)
 """

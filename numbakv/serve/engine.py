@@ -33,6 +33,7 @@ from numbakv.serve.batch import Output
 from numbakv.serve.conversations import SavedConversations
 from numbakv.serve.events import Annotate, Notes, call_back, check_annotate, check_not_in_callbacks
 from numbakv.serve.faults import Observed, StepFaults, completes
+from numbakv.serve.kv_events import KVEventsConfig, publisher
 from numbakv.serve.ledger import Requests, next_input
 from numbakv.serve.memory import Sessions
 from numbakv.serve.prefix import PrefixCache
@@ -69,6 +70,7 @@ class Engine:
                 end), or a `PrefixCache` over this executor: prompts start from their
                 longest cached prefix, ended sessions are kept (docs/contract.md §9.2)
     watermark : cells kept free beyond a new request's uncached prompt when admitting it
+    kv_events : None, or a `KVEventsConfig`: the prefix cache's blocks published (§15.1)
 
         engine = Engine(executor)
         [done] = engine.generate(["Hello"], max_new_tokens=8)
@@ -84,6 +86,7 @@ class Engine:
         annotate: Annotate | None = None,
         prefix_cache: PrefixCache | None = None,
         watermark: int = 0,
+        kv_events: KVEventsConfig | None = None,
     ):
         check_parts(executor, tokenizer, clock)
         check_prefix_cache(prefix_cache, executor)
@@ -116,6 +119,7 @@ class Engine:
         self._admission = Admission(self._sessions, scheduler, *args)
         parts = (self._sessions, self._admission, self._requests)
         self._saved = SavedConversations(executor, self._executor, *parts)
+        self.kv_events = publisher(prefix_cache, kv_events)
 
     # -- requests --------------------------------------------------------------
 
@@ -178,13 +182,9 @@ class Engine:
         """Steps so far, how the executor's forwards ran (`ForwardCounts`, or None), the
         requests' token counts summed, what the prefix cache evicted and holds, and what
         its host tier holds, kept and reloaded."""
-        forwards = getattr(self.executor, "forward_counts", None)
-        sums = self._requests.totals()
-        cells = (self._sessions.n_evicted_cells, self._sessions.cached_cells)
-        host = None if self.prefix_cache is None else self.prefix_cache.host
-        tier = (0, 0, 0) if host is None else (host.nbytes, host.n_offloaded_tokens, host.n_reloads)
-        n_host = self._requests.n_host_cached_tokens
-        return EngineMetrics(self.n_steps, forwards, *sums, *cells, n_host, *tier)
+        return self._requests.metrics(
+            self.n_steps, self.executor, self._sessions, self.prefix_cache
+        )
 
     @locked
     @completes
@@ -300,6 +300,8 @@ class Engine:
         check_not_in_callbacks(self._in_callbacks, "step")
         with self._observed.call() as observed:
             events, raised = self._run_step()
+        if self.kv_events is not None:
+            self.kv_events.publish()
         return events, StepFaults(raised, observed)
 
     def _run_step(self) -> tuple[list[TokenEvent], dict[int, BaseException]]:

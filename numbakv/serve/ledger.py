@@ -4,7 +4,7 @@ id, and `next_input`, the input a running sample's next piece of work feeds."""
 from numbakv.core.errors import ConfigError
 from numbakv.core.values import as_int
 from numbakv.serve.batch import Input
-from numbakv.serve.requests import Request, Sample
+from numbakv.serve.requests import EngineMetrics, Request, Sample
 from numbakv.serve.scheduler import Work
 
 
@@ -29,19 +29,21 @@ class Requests(dict[int, Request]):
             )
         return self[request]
 
-    def totals(self) -> tuple[int, int, int, int]:
-        """Every request's prompt tokens, cached tokens, recomputed tokens and preemptions,
-        summed (`EngineMetrics`)."""
-        requests = self.values()
-        return (
-            sum(len(r.prompt) for r in requests), sum(r.n_cached_tokens for r in requests),
-            sum(r.n_recomputed_tokens for r in requests), sum(r.n_preemptions for r in requests),
+    def metrics(self, n_steps: int, executor, sessions, prefix_cache) -> EngineMetrics:
+        """The engine's `EngineMetrics`: its steps, `executor`'s forward counts, every
+        request's counts summed, and what the prefix cache (`sessions`') evicted and holds
+        and its host tier holds, kept and reloaded."""
+        rs = self.values()
+        sums = (
+            sum(len(r.prompt) for r in rs), sum(r.n_cached_tokens for r in rs),
+            sum(r.n_recomputed_tokens for r in rs), sum(r.n_preemptions for r in rs),
         )  # fmt: skip
-
-    @property
-    def n_host_cached_tokens(self) -> int:
-        """Every request's cached tokens reloaded from host memory, summed."""
-        return sum(r.n_host_cached_tokens for r in self.values())
+        forwards = getattr(executor, "forward_counts", None)
+        cells = (sessions.n_evicted_cells, sessions.cached_cells)
+        n_host = sum(r.n_host_cached_tokens for r in rs)
+        host = None if prefix_cache is None else prefix_cache.host
+        tier = (0, 0, 0) if host is None else (host.nbytes, host.n_offloaded_tokens, host.n_reloads)
+        return EngineMetrics(n_steps, forwards, *sums, *cells, n_host, *tier)
 
 
 def next_input(r: Request, sample: Sample, work: Work) -> Input:

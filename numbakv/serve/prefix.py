@@ -42,6 +42,8 @@ from numbakv.serve.host_tier import HostTier, Reloading, check_host_bytes
 from numbakv.serve.radix import Node
 from numbakv.serve.targets import as_tokens, check_salt, saving_verbs, verbs
 
+Listener = Callable[[str | None, np.ndarray, int, int, int], None]
+
 
 class PrefixCache(Reloading):
     """Token sequences whose K/V sit in `target`, found by their longest cached prefix.
@@ -71,6 +73,8 @@ class PrefixCache(Reloading):
         self.host = None if host_bytes is None else HostTier(host_bytes)
         self.target = target
         self._roots: dict[str | None, Node] = {}
+        self._salts: dict[int, str | None] = {}  # id of a root -> its salt
+        self._listener: Listener | None = None
         self._live: dict[int, tuple[Node, str | None]] = {}  # live sequence -> its base
         self._held = radix.Holders()  # holder -> its node, coldest first in O(log n)
         self._clock = 0
@@ -214,6 +218,21 @@ class PrefixCache(Reloading):
             self._let_go(node)
         return before - self.n_cells
 
+    def listen(self, listener: "Listener | None") -> None:
+        """Calls `listener(salt, path, start, end, delta)` whenever the tree gains (delta
+        +1) or loses (-1) positions [start, end) of a path, `path` ([end] int64) the tokens
+        of positions 0 .. end - 1 (a copy of a run counts apart: two requests computed it),
+        first once for every run the tree holds now; None stops it. One listener at a
+        time (`KVEvents` is one)."""
+        self._listener = listener
+        stack = (
+            [] if listener is None else [c for r in self._roots.values() for c in r.child_list()]
+        )
+        while stack:
+            node = stack.pop()
+            self._changed(node, node.start, node.depth, +1)
+            stack.extend(node.child_list())
+
     def check(self) -> None:
         """AssertionError naming what is wrong, unless the tree is whole: every node owned,
         counts as recounted, each holder as long as its node's depth."""
@@ -265,7 +284,15 @@ class PrefixCache(Reloading):
     def _root(self, salt: str | None) -> Node:
         if salt not in self._roots:
             self._roots[salt] = Node(np.zeros(0, np.int64), 0, None)
+            self._salts[id(self._roots[salt])] = salt
         return self._roots[salt]
+
+    def _changed(self, node: Node, start: int, end: int, delta: int) -> None:
+        """Tells the listener that positions [start, end) of `node`'s path came (+1) or went
+        (-1)."""
+        if self._listener is not None:
+            salt = self._salts[id(radix.root_of(node))]
+            self._listener(salt, radix.path_tokens(node)[:end], start, end, delta)
 
     def _grow(self, node: Node, tokens: np.ndarray, copy: bool = False) -> Node | None:
         """A new node under `node` for tokens[node.depth:], the caller's own cells; None
@@ -278,6 +305,7 @@ class PrefixCache(Reloading):
             return None
         child = Node(run.copy(), len(tokens), node)
         node.adopt(child)
+        self._changed(child, node.depth, len(tokens), +1)
         self.n_cells += len(run)
         self.cached_cells += len(run)  # no one is based on it yet
         return child
@@ -318,6 +346,7 @@ class PrefixCache(Reloading):
         self._offload(leaf)
         if k < len(leaf.tokens):
             self._rewind(seq, leaf.depth - k)
+            self._changed(leaf, leaf.depth - k, leaf.depth, -1)
             leaf.tokens, leaf.depth = leaf.tokens[:-k], leaf.depth - k
             self.n_cells -= k
             self.cached_cells -= k
@@ -354,6 +383,7 @@ class PrefixCache(Reloading):
             node = parent
 
     def _detach(self, node: Node) -> None:
+        self._changed(node, node.start, node.depth, -1)
         node.parent.disown(node)
         self.n_cells -= len(node.tokens)
         if node.n_live == 0:

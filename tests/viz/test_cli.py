@@ -14,6 +14,7 @@ import numbakv
 from numbakv import Recorder
 from numbakv.cli import demo, main
 from numbakv.reference import CellCache
+from numbakv.serve.kv_events import KVEventsConfig
 from numbakv.serve.lockstep import LockstepError
 from numbakv.trace import frames
 from numbakv.viz import render_text
@@ -48,7 +49,7 @@ def test_render_text_letters_per_id():
 
 
 def test_demo_serves_the_workload_checked_against_the_reference(demo_run):
-    done, _ = demo_run
+    done, _, _ = demo_run
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "numba CUDA simulator" in out or "GPU" in out
@@ -69,7 +70,7 @@ def test_demo_serves_the_workload_checked_against_the_reference(demo_run):
 
 
 def test_demo_map_fits_the_columns(demo_run):
-    done, _ = demo_run
+    done, _, _ = demo_run
     map_lines = re.findall(r"^ *\d+ ([a-zA-Z.*#|]+)$", done.stdout, re.MULTILINE)
     assert map_lines and all(len(line.replace("|", "")) <= 32 for line in map_lines)
     assert sum(line.count("|") for line in map_lines) == 1
@@ -143,6 +144,7 @@ def test_python_dash_m_runs_the_cli(tmp_path):
         (["--trace", "missing/run.npz"], ["--trace", "missing does not exist"]),
         (["--trace", "run"], ["--trace", "run does not end in .npz"]),
         (["--trace", "."], ["--trace", ". is a folder"]),
+        (["--kv-events", "http://x"], ["--kv-events", "endpoint='http://x'", "tcp://"]),
     ],
 )
 def test_demo_refuses_bad_arguments_before_running(args, names, no_demo, capsys):
@@ -154,7 +156,9 @@ def test_demo_refuses_bad_arguments_before_running(args, names, no_demo, capsys)
 def test_demo_passes_checked_arguments(no_demo, tmp_path, capsys):
     path = tmp_path / "run.npz"
     code, _, _ = run_cli(["demo", "--seed", "3", "--columns", "8", "--trace", path], capsys)
-    assert code == 0 and no_demo == [dict(seed=3, columns=8, trace_path=str(path))]
+    assert code == 0 and no_demo == [dict(seed=3, columns=8, trace_path=str(path), kv_events=None)]
+    code, _, _ = run_cli(["demo", "--kv-events", "tcp://*:5557"], capsys)
+    assert code == 0 and no_demo[1]["kv_events"] == KVEventsConfig("tcp://*:5557")
 
 
 def test_demo_cannot_write_its_trace(monkeypatch, tmp_path, capsys):

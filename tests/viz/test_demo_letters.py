@@ -55,7 +55,7 @@ def test_demo_letters_requests_in_submission_order():
 
 
 def test_the_demo_map_and_table_share_letters(demo_run):
-    done, trace_path = demo_run
+    done, trace_path, _ = demo_run
     assert done.returncode == 0, done.stderr
     out = done.stdout
     table = dict(re.findall(r"^([a-zA-Z]) +(\S+) +\d+ +\d+ +\d+ +\d+ ", out, re.M))
@@ -87,7 +87,7 @@ def test_the_demo_map_and_table_share_letters(demo_run):
 
 
 def test_the_demo_trace_holds_the_engine_annotations(demo_run):
-    done, trace_path = demo_run
+    done, trace_path, _ = demo_run
     trace = load_trace(trace_path)
     counts = trace.annotation_counts()
     n_samples = sum(a.n for a in demo.WORKLOAD)
