@@ -46,6 +46,7 @@ _EXPORTS = {
     "TraceError": "numbakv.core.errors",
     "StateError": "numbakv.core.errors",
     "ObserverError": "numbakv.core.errors",
+    "DistributedError": "numbakv.core.errors",
     "Recorder": "numbakv.trace.recorder",
     "Trace": "numbakv.trace.frames",
     "load_trace": "numbakv.trace.frames",

@@ -38,6 +38,7 @@ PARTS = {
     "viz": ("numbakv.viz",),
     "cli": ("numbakv.cli",),
     "integrations": ("numbakv.integrations",),
+    "distributed": ("numbakv.distributed",),
     "benchmarks": ("benchmarks",),
 }  # fmt: skip
 EXACT = ("package",)  # parts whose names are modules, not prefixes
@@ -59,6 +60,7 @@ RULES = {
     "viz": (("trace",), ("numba", *TORCH)),
     "cli": (tuple(PARTS), TORCH),
     "integrations": (("serve",), ("numba", "matplotlib")),
+    "distributed": (("serve",), ("numba", "matplotlib", "transformers")),
     "benchmarks": (tuple(PARTS), ()),
 }
 CUDA = "numba.cuda"

@@ -41,6 +41,11 @@ class StateError(CacheError):
     """A saved sequence state (`SeqState`, its file) is damaged, inconsistent or not one."""
 
 
+class DistributedError(CacheError):
+    """Ranks of a process group disagree (their cell tables, at a digest), or one died or
+    stalled past the group's timeout (docs/contract.md §15.2)."""
+
+
 class ObserverError(Exception):
     """An observer raised after a verb had completed: the verb's change stands (this is
     not a refusal, so not a `CacheError`), every other observer still heard of it, and the

@@ -12,7 +12,7 @@ default, the byte tokenizer's). float32 throughout; no numba.
     logits = model.forward(cache, step, encode("hello"), logits_at=[4])  # [1, vocab] float32
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -97,7 +97,12 @@ class Model:
               [n_heads*head_dim, d_model], "layers.i.mlp_norm" [d_model],
               "layers.i.w_gate" and "layers.i.w_up" [d_model, d_ff], "layers.i.w_down"
               [d_ff, d_model]
+    reduce  : None, or the sum over tensor-parallel ranks of each layer's partial attention
+              output and MLP output, [width, d_model] float32 (a shard of
+              `numbakv.distributed.shard_model` has one)
     """
+
+    reduce: Callable[[np.ndarray], np.ndarray] | None = None
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]):
         if not isinstance(config, ModelConfig):
@@ -172,11 +177,16 @@ class Model:
             v = self._heads(h @ w[p + "wv"], cfg.n_kv_heads)
             cache.write(layer, k, v)
             attended = as_host(cache.attend(layer, q))  # [width, n_heads, head_dim]
-            x = x + attended.reshape(step.width, -1) @ w[p + "wo"]
+            x = x + self._summed(attended.reshape(step.width, -1) @ w[p + "wo"])
             h = rms_norm(x, w[p + "mlp_norm"], cfg.norm_eps)
-            x = x + (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
+            x = x + self._summed(
+                (silu(h @ w[p + "w_gate"]) * (h @ w[p + "w_up"])) @ w[p + "w_down"]
+            )
         x = rms_norm(x[logits_at], w["final_norm"], cfg.norm_eps)
         return x @ w["lm_head"]
+
+    def _summed(self, partial: np.ndarray) -> np.ndarray:
+        return partial if self.reduce is None else self.reduce(partial)
 
     def _heads(self, x: np.ndarray, n_heads: int) -> np.ndarray:
         """[width, n_heads * head_dim] -> [width, n_heads, head_dim]."""

@@ -1,0 +1,172 @@
+"""Tensor-parallel serving: every rank holds its KV heads of the pool and its shard of the
+model; rank 0 schedules and every other rank applies rank 0's calls (docs/contract.md
+§15.2).
+
+numbakv's verbs are deterministic, so ranks that apply the same calls in the same order
+hold the same cell table: rank 0's `TensorParallel` broadcasts each call that changes
+sessions (open, clone, rewind, close, execute) on the CPU group before running it, and
+`serve` on every other rank runs the same call on its own executor. A forward meets the
+other ranks' at two all-reduces a layer (the attention output and the MLP, row-parallel);
+every rank samples the same token from the same summed logits. Every `digest_every`
+batches the ranks compare a digest of their tables; a difference raises `DistributedError`
+on every rank, naming the batch and the first differing cell.
+
+    group = init()
+    model = shard_model(Model.from_seed(config, 0), group)   # this rank's heads
+    cache = CellCache(config.cache_config(n_kv_heads=..., capacity=group.agreed_min(c)))
+    executor = Executor(model, cache, ...)
+    if group.rank == 0:
+        engine = Engine(TensorParallel(executor, group))   # ... then close()
+    else:
+        serve(executor, group)
+"""
+
+from collections.abc import Sequence
+
+from numbakv.core.errors import CacheError, ConfigError, DistributedError
+from numbakv.core.values import int_at_least
+from numbakv.distributed.group import Group, first_difference, table_digest
+from numbakv.serve.batch import Input, Output
+from numbakv.serve.model import Model, ModelConfig
+from numbakv.serve.sampling import GREEDY, Sampling
+
+CALLS = ("open_session", "clone", "rewind", "close_session", "execute")  # broadcast by rank 0
+STOP = "stop"
+
+
+def shard_heads(n_heads: int, n_kv_heads: int, rank: int, world: int) -> tuple[range, range]:
+    """(query heads, KV heads) of `rank`: n_heads / world query heads in order, and the KV
+    heads they read; with world > n_kv_heads a KV head is replicated on world / n_kv_heads
+    ranks (vLLM's rule). ConfigError unless n_heads % world == 0 and n_kv_heads and world
+    divide one another."""
+    if n_heads % world or (n_kv_heads % world and world % n_kv_heads):
+        raise ConfigError(
+            f"{world} ranks cannot split n_heads={n_heads}, n_kv_heads={n_kv_heads}: give a "
+            "world that divides n_heads and divides, or is a multiple of, n_kv_heads"
+        )
+    per, group = n_heads // world, n_heads // n_kv_heads
+    queries = range(rank * per, (rank + 1) * per)
+    return queries, range(queries.start // group, (queries.stop - 1) // group + 1)
+
+
+def shard_model(model: Model, group: Group) -> Model:
+    """This rank's shard of `model`: its query heads' and KV heads' columns of wq, wk, wv
+    and rows of wo (`shard_heads`), d_ff / world of the MLP (columns of w_gate and w_up,
+    rows of w_down), the rest whole; its `reduce` sums a layer's partial outputs over the
+    group. Its config is a `ModelConfig` of the shard (n_heads, n_kv_heads, d_ff)."""
+    cfg, rank, world = model.config, group.rank, group.world
+    queries, kvs = shard_heads(cfg.n_heads, cfg.n_kv_heads, rank, world)
+    if cfg.d_ff % world:
+        raise ConfigError(f"{world} ranks cannot split d_ff={cfg.d_ff}")
+    hd, ff = cfg.head_dim, cfg.d_ff // world
+    q, kv = slice(queries.start * hd, queries.stop * hd), slice(kvs.start * hd, kvs.stop * hd)
+    mlp = slice(rank * ff, (rank + 1) * ff)
+    cuts = {"wq": (slice(None), q), "wk": (slice(None), kv), "wv": (slice(None), kv),
+            "wo": (q,), "w_gate": (slice(None), mlp), "w_up": (slice(None), mlp),
+            "w_down": (mlp,)}  # fmt: skip
+    weights = {}
+    for name, w in model.weights.items():
+        cut = cuts.get(name.rsplit(".", 1)[-1])
+        weights[name] = w if cut is None else w[cut]
+    fields = {f: getattr(cfg, f) for f in ModelConfig.__dataclass_fields__}
+    config = ModelConfig(**fields | dict(n_heads=len(queries), n_kv_heads=len(kvs), d_ff=ff))
+    shard = Model(config, weights)
+    shard.reduce = group.all_reduce_sum
+    return shard
+
+
+class Digests:
+    """Compares the ranks' cell tables every `every` batches (a collective: every rank
+    calls `after_batch` once per batch)."""
+
+    def __init__(self, group: Group, every: int):
+        self.group, self.every = group, int_at_least("digest_every", every, 1)
+        self.n_batches = 0
+
+    def after_batch(self, cache) -> None:
+        self.n_batches += 1
+        if self.n_batches % self.every:
+            return
+        digests = self.group.gathered(table_digest(cache))
+        if len(set(digests)) > 1:
+            snapshots = self.group.gathered(cache.snapshot())
+            bad = next(r for r, d in enumerate(digests) if d != digests[0])
+            where = first_difference(snapshots[bad], snapshots[0], f"rank {bad}", "rank 0")
+            raise DistributedError(
+                f"after batch {self.n_batches - 1}, rank {bad}'s cell table is not rank 0's "
+                f"(raised on rank {self.group.rank}): {where}"
+            )
+
+
+class TensorParallel:
+    """Rank 0's tensor-parallel executor: a `SessionExecutor` that runs each call on
+    `executor` (this rank's: an `Executor` or `Lockstep` over its shard) after
+    broadcasting it to the ranks that `serve`. Everything it reads (vocab_size, max_width,
+    sessions, lengths, free cells, cache, model) is rank 0's executor's, the same on every
+    rank. `close()` ends the other ranks' `serve`."""
+
+    def __init__(self, executor, group: Group, digest_every: int = 1):
+        if group.rank != 0:
+            raise ConfigError(f"TensorParallel runs on rank 0; rank {group.rank} runs serve()")
+        self.executor, self.group = executor, group
+        self._digests = Digests(group, digest_every)
+
+    def __getattr__(self, name: str):
+        if name in ("save_session", "load_session", "sample"):  # not split by heads yet
+            raise AttributeError(f"{name} is not served under tensor parallelism")
+        return getattr(self.__dict__["executor"], name)
+
+    def open_session(self, sampling: Sampling = GREEDY, drawn: int = 0) -> int:
+        return self._call("open_session", sampling, drawn)
+
+    def clone(self, session: int, upto=None, sampling=None, drawn: int = 0) -> int:
+        return self._call("clone", session, upto, sampling, drawn)
+
+    def rewind(self, session: int, position: int) -> None:
+        self._call("rewind", session, position)
+
+    def close_session(self, session: int) -> None:
+        self._call("close_session", session)
+
+    def execute(self, inputs: Sequence[Input]) -> list[Output]:
+        return self._call("execute", list(inputs))
+
+    def close(self) -> None:
+        """Ends `serve` on every other rank."""
+        self.group.broadcast((STOP, ()))
+
+    def _call(self, name: str, *args):
+        self.group.broadcast((name, args))
+        return _apply(self.executor, name, args, self._digests)
+
+
+def serve(executor, group: Group, digest_every: int = 1) -> int:
+    """Ranks other than 0: runs every call rank 0's `TensorParallel` broadcasts on
+    `executor` (a refusal is rank 0's too, and is passed over), until its `close()`;
+    returns the calls served. `DistributedError` when rank 0 died or stalled past the
+    timeout, or the tables differ at a digest."""
+    if group.rank == 0:
+        raise ConfigError("rank 0 schedules (TensorParallel); serve() runs on the others")
+    digests, n = Digests(group, digest_every), 0
+    while True:
+        name, args = group.broadcast()
+        if name == STOP:
+            return n
+        if name not in CALLS:
+            raise DistributedError(f"rank 0 sent {name!r}, not one of {CALLS}")
+        try:
+            _apply(executor, name, args, digests)
+        except DistributedError:
+            raise
+        except CacheError:
+            pass  # refused on rank 0 too: the tables stay as they were
+        n += 1
+
+
+def _apply(executor, name: str, args: tuple, digests: Digests):
+    """`executor.name(*args)`; a batch (done or refused) is followed by a digest."""
+    try:
+        return getattr(executor, name)(*args)
+    finally:
+        if name == "execute":
+            digests.after_batch(executor.cache)

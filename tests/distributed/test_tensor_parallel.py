@@ -1,0 +1,193 @@
+"""Tensor-parallel serving on two gloo ranks of the CPU (docs/contract.md §15.2): tp=2
+serves the tokens tp=1 serves, logits within float32's tolerance, with 1, 2 and 4 KV
+heads (replicated at 1) over the reference cache and the device cache; both ranks' tables
+stay equal over a random 2 000-call workload with refusals; a planted divergence is
+named at the next digest; a rank that dies or stalls ends the other with an error."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from numbakv.core.errors import ConfigError, SequenceError
+from numbakv.distributed.group import table_digest
+from numbakv.distributed.tensor_parallel import TensorParallel, serve, shard_heads, shard_model
+from numbakv.reference import CellCache
+from numbakv.serve.batch import Input
+from numbakv.serve.engine import Engine
+from numbakv.serve.executor import Executor
+from numbakv.serve.lockstep import LOGITS_RTOL, Lockstep
+from numbakv.serve.prefix import PrefixCache
+from numbakv.serve.sampling import Sampling
+
+from helpers import tiny_model
+from ranks import on_ranks
+
+PROMPTS = ["tensor parallel", "tensor parallel serving", "two ranks, one table"]
+SAMPLINGS = [None, Sampling(0.8, top_p=0.9, seed=7), Sampling(1.0, top_k=20, seed=3)]
+
+
+def executor_of(model, device: bool, capacity: int = 256) -> Executor | Lockstep:
+    """An executor of `model` over the reference cache, or a Lockstep of the device
+    cache's against it."""
+    config = model.config.cache_config(capacity=capacity, max_width=16, max_seqs=8)
+    reference = Executor(model, CellCache(config), 4, 64)
+    if not device:
+        return reference
+    from numbakv.cache.cellcache import CellCache as DeviceCache
+
+    return Lockstep(Executor(model, DeviceCache(config), 4, 64), reference)
+
+
+def generate(executor, close=None) -> list[tuple[list[int], list[np.ndarray]]]:
+    """Every prompt's tokens and logits, served by an engine with a prefix cache."""
+    engine = Engine(executor, prefix_cache=PrefixCache(executor))
+    logits: dict[int, list] = {}
+    ids = [
+        engine.submit(p, max_new_tokens=6, sampling=s or Sampling(), n=1 + (i == 1),
+                      on_token=lambda e: logits.setdefault(e.request_id, []).append(e.logits))
+        for i, (p, s) in enumerate(zip(PROMPTS, SAMPLINGS, strict=True))
+    ]  # fmt: skip
+    while engine.is_busy:
+        engine.step()
+    if close is not None:
+        close()
+    return [(engine.result(i).tokens, logits[i]) for i in ids]
+
+
+def tp_serving(group, n_kv_heads: int, device: bool):
+    """Rank 0: the completions, the capacity agreed; other ranks: their table's digest."""
+    shard = shard_model(tiny_model(seed=3, n_kv_heads=n_kv_heads), group)
+    capacity = group.agreed_min(256 + 64 * group.rank)  # the ranks propose apart
+    executor = executor_of(shard, device, capacity)
+    if group.rank:
+        serve(executor, group)
+        return table_digest(executor.cache), capacity
+    tp = TensorParallel(executor, group)
+    return generate(tp, tp.close), table_digest(executor.cache), capacity
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["reference", "device"])
+def test_tp2_serves_the_tokens_of_tp1(device):
+    """Three KV-head counts in one pair of ranks: 4 and 2 split, 1 replicated."""
+    results = on_ranks(tp_each, device)
+    for n_kv_heads, (rank0, rank1) in zip((4, 2, 1), zip(*results, strict=True), strict=True):
+        completions, digest, capacity = rank0
+        assert rank1 == (digest, 256) and capacity == 256, rank1
+        alone = generate(executor_of(tiny_model(seed=3, n_kv_heads=n_kv_heads), False))
+        for (tokens, logits), (want, want_logits) in zip(completions, alone, strict=True):
+            assert tokens == want, n_kv_heads
+            for got, expect in zip(logits, want_logits, strict=True):
+                scale = max(1.0, float(np.abs(expect).max()))
+                assert np.abs(got - expect).max() / scale <= LOGITS_RTOL
+
+
+def tp_each(group, device: bool) -> list:
+    return [tp_serving(group, n, device) for n in (4, 2, 1)]
+
+
+def random_calls(group, n_calls: int, seed: int):
+    """A random workload of calls through TensorParallel, refusals among them; every rank
+    returns its final snapshot's arrays and the calls it saw."""
+    executor = executor_of(shard_model(tiny_model(seed=1), group), False)
+    if group.rank:
+        n = serve(executor, group)
+        return table_digest(executor.cache), n
+    tp, rng, refused = TensorParallel(executor, group), np.random.default_rng(seed), 0
+    for _ in range(n_calls):
+        sessions = executor.sessions
+        kind = rng.choice(["open", "execute", "execute", "clone", "rewind", "close"])
+        try:
+            if kind == "open" or not sessions:
+                tp.open_session()
+                continue
+            s = int(rng.choice(sessions))
+            length = executor.length(s)
+            if kind == "execute":
+                start = int(rng.integers(0, length + 2))  # past the end: refused
+                tokens = rng.integers(0, 256, int(rng.integers(1, 6))).tolist()
+                tp.execute([Input(s, start, tokens)])
+            elif kind == "clone":
+                tp.clone(s, int(rng.integers(0, length + 2)))
+            elif kind == "rewind":
+                tp.rewind(s, int(rng.integers(0, length + 2)))
+            else:
+                tp.close_session(s)
+        except (ConfigError, SequenceError) as error:
+            refused += 1
+            assert "CapacityError" not in type(error).__name__
+        except Exception as error:  # full: a session or the cells
+            refused += 1
+            assert type(error).__name__ in ("CapacityError", "StepError"), error
+    tp.close()
+    return table_digest(executor.cache), refused
+
+
+def test_both_ranks_hold_one_table_over_2000_random_calls():
+    (digest0, refused), (digest1, served) = on_ranks(random_calls, 2000, 11, limit=300)
+    assert digest0 == digest1 and served == 2000 and 100 < refused < 1500
+
+
+class Planted:
+    """Rank 1's executor, with its table altered after batch `at` (a sequence cloned
+    behind the executor's back), or the rank killed or stalled at batch `at`."""
+
+    def __init__(self, executor, at: int, how: str):
+        self.executor, self.at, self.how, self.n = executor, at, how, 0
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def execute(self, inputs):
+        if self.n == self.at and self.how == "die":
+            os._exit(1)
+        if self.n == self.at and self.how == "stall":
+            time.sleep(120)
+        out = self.executor.execute(inputs)
+        if self.n == self.at and self.how == "diverge":
+            self.executor.cache.seq_clone(inputs[0].session)
+        self.n += 1
+        return out
+
+
+def faulty(group, how: str):
+    executor = executor_of(shard_model(tiny_model(seed=2), group), False)
+    if group.rank:
+        serve(Planted(executor, 3, how), group)
+        return "served"
+    tp = TensorParallel(executor, group)
+    session = tp.open_session()
+    start = time.monotonic()
+    for i in range(8):
+        start = time.monotonic()
+        tp.execute([Input(session, i * 2, [1 + i, 2 + i])])
+    return "no error", time.monotonic() - start
+
+
+@pytest.mark.parametrize("how", ["diverge", "die", "stall"])
+def test_a_divergence_a_dead_rank_and_a_stalled_one_end_both_with_an_error(how):
+    start = time.monotonic()
+    results = on_ranks(faulty, how, timeout=4)
+    assert time.monotonic() - start < 60
+    kind, message = results[0]
+    assert kind == "DistributedError", message
+    if how == "diverge":
+        assert results[1][0] == "DistributedError"
+        for _, text in results:
+            assert "after batch 3, rank 1's cell table is not rank 0's" in text
+            assert "cell 0: pos 0, owners [0, 1] on rank 1; pos 0, owners [0] on rank 0" in text
+    else:
+        assert "rank 0 of 2: all_reduce failed" in message
+        assert results[1] is None or how == "stall"
+
+
+def test_heads_are_split_and_replicated_as_vllm_does():
+    assert shard_heads(8, 4, 1, 2) == (range(4, 8), range(2, 4))
+    assert shard_heads(8, 2, 3, 4) == (range(6, 8), range(1, 2))  # KV head 1 on ranks 2, 3
+    assert shard_heads(4, 1, 1, 2) == (range(2, 4), range(0, 1))
+    for bad in ((6, 2, 0, 4), (8, 4, 0, 3), (12, 4, 0, 6)):
+        with pytest.raises(ConfigError, match="cannot split"):
+            shard_heads(*bad)
