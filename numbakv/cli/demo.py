@@ -86,34 +86,49 @@ def run(
     trace_path: str | None = None,
     print_fn: Callable[[str], None] = print,
     kv_events: KVEventsConfig | None = None,
-) -> Report:
+    tp: int = 1,
+) -> Report | None:
     """Runs the workload and prints the map and the summary; returns the measurements.
 
     seed       : seeds the model's weights, an integer >= 0
     columns    : cells per line of the printed map, an integer >= 1
     trace_path : where to save the device cache's trace, a frame per forward (`.npz`)
     kv_events  : None, or where the engine publishes its prefix cache's blocks (`Engine`)
+    tp         : ranks of tensor parallelism (torchrun starts them; each holds its KV
+                 heads; rank 0 schedules, prints and returns the report, the others None)
     Raises `LockstepError` at the first disagreement with the reference; TypeError or
     ValueError, before any work, for a bad argument (`check_arguments`).
     """
-    check_arguments(seed, columns, trace_path)
+    check_arguments(seed, columns, trace_path, tp)
     from numbakv.cache.cellcache import CellCache
     from numbakv.cache.cuda import device_info
     from numbakv.device_model.model import DeviceModel
 
-    model = Model.from_seed(MODEL, seed)
-    cache = CellCache(MODEL.cache_config(**CACHE))
-    device = Executor(DeviceModel(model, cache.config), cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
-    reference_cache = ReferenceCache(MODEL.cache_config(**CACHE))
-    reference = Executor(model, reference_cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
-    lockstep = Lockstep(device, reference)
+    model, group = Model.from_seed(MODEL, seed), None
+    if tp > 1:
+        model, group = _shard(model, tp)
+    capacity = CACHE["capacity"] if group is None else group.agreed_min(CACHE["capacity"])
+    config = model.config.cache_config(**CACHE | dict(capacity=capacity))
+    cache = CellCache(config)
+    served = model if group else DeviceModel(model, config)  # a DeviceModel is not split
+    device = Executor(served, cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
+    reference = Executor(model, ReferenceCache(config), MAX_SESSIONS, MAX_SESSION_TOKENS)
+    lockstep = front = Lockstep(device, reference)
+    if group is not None:
+        from numbakv.distributed.tensor_parallel import TensorParallel, serve
+
+        if group.rank:
+            serve(lockstep, group)
+            return None
+        front = TensorParallel(lockstep, group)
     recorder = Recorder(cache)
     engine = Engine(
-        lockstep, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
-        prefix_cache=PrefixCache(lockstep), kv_events=kv_events,
+        front, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
+        prefix_cache=PrefixCache(front), kv_events=kv_events,
     )  # fmt: skip
-    print_fn(f"numbakv demo on {device_info()['name']}: {len(WORKLOAD)} requests, checked "
-             f"against the reference cache at every step")  # fmt: skip
+    ranks = "" if group is None else f", tensor parallel over {tp} ranks (gloo)"
+    print_fn(f"numbakv demo on {device_info()['name']}{ranks}: {len(WORKLOAD)} requests, "
+             f"checked against the reference cache at every step")  # fmt: skip
     ids: dict[str, int] = {}
     start = time.perf_counter()
     for tick in itertools.count():
@@ -128,6 +143,8 @@ def run(
             break
         engine.step()
     seconds = time.perf_counter() - start
+    if group is not None:
+        front.close()
     if engine.kv_events is not None:
         engine.kv_events.close()
         print_fn(f"KV events: {engine.kv_events.n_batches} batches to {kv_events.endpoint}")
@@ -139,10 +156,23 @@ def run(
     return report
 
 
-def check_arguments(seed: int, columns: int, trace_path: str | None) -> None:
+def _shard(model: Model, tp: int) -> tuple[Model, object]:
+    """(this rank's shard of `model`, the `Group`) of torchrun's group of `tp` ranks."""
+    from numbakv.distributed.group import init
+    from numbakv.distributed.tensor_parallel import shard_model
+
+    group = init()
+    if group.world != tp:
+        raise ConfigError(f"--tp {tp} needs {tp} ranks (torchrun --nproc_per_node={tp}); "
+                         f"this group has {group.world}")  # fmt: skip
+    return shard_model(model, group), group
+
+
+def check_arguments(seed: int, columns: int, trace_path: str | None, tp: int = 1) -> None:
     """Raises TypeError or ValueError naming the first argument of `run` that is wrong: a
-    seed below 0, columns below 1, a trace path not ending in .npz or in a missing folder."""
-    for name, value, least in (("seed", seed, 0), ("columns", columns, 1)):
+    seed below 0, columns or tp below 1, a trace path not ending in .npz or in a missing
+    folder."""
+    for name, value, least in (("seed", seed, 0), ("columns", columns, 1), ("tp", tp, 1)):
         int_at_least(name, as_int(name, value, TypeError), least, ValueError)
     if trace_path is not None:
         new_file(trace_path, ".npz", ValueError)
@@ -158,6 +188,8 @@ def add_command(commands) -> None:
                       help="cells per map line")  # fmt: skip
     demo.add_argument("--trace", type=output_file(".npz"), metavar="FILE.npz",
                       help="save the table per forward")  # fmt: skip
+    demo.add_argument("--tp", type=integer("--tp", 1), default=1,
+                      help="tensor-parallel ranks, under torchrun (1)")  # fmt: skip
     demo.add_argument("--kv-events", type=endpoint, metavar="ENDPOINT",
                       help="publish prefix blocks as vLLM does (tcp://*:5557)")  # fmt: skip
     demo.set_defaults(run=run_command, parser=demo)
@@ -176,7 +208,8 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     reference or a trace that cannot be written."""
     trace = None if args.trace is None else str(args.trace)
     try:
-        run(seed=args.seed, columns=args.columns, trace_path=trace, kv_events=args.kv_events)
+        run(seed=args.seed, columns=args.columns, trace_path=trace, kv_events=args.kv_events,
+            tp=args.tp)  # fmt: skip
     except LockstepError as error:
         return fail(parser, f"the device path disagrees with the reference: {error}")
     except ConfigError as error:  # the endpoint cannot be bound, or pyzmq is missing

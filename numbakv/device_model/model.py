@@ -75,6 +75,11 @@ class DeviceModel:
             raise ConfigError(f"expected a numbakv.serve.model.Model, got {model!r}")
         if not isinstance(cache_config, CacheConfig):
             raise ConfigError(f"expected a CacheConfig, got {cache_config!r}")
+        if model.reduce is not None:
+            raise ConfigError(
+                "a DeviceModel is not split by heads yet: this model is a tensor-parallel "
+                "shard (its reduce is set); serve the shard itself over the device cache"
+            )
         cfg = model.config
         check_geometry(cfg, cache_config)
         self.model, self.config, self.cache_config = model, cfg, cache_config
