@@ -145,6 +145,7 @@ def test_python_dash_m_runs_the_cli(tmp_path):
         (["--trace", "run"], ["--trace", "run does not end in .npz"]),
         (["--trace", "."], ["--trace", ". is a folder"]),
         (["--kv-events", "http://x"], ["--kv-events", "endpoint='http://x'", "tcp://"]),
+        (["--tp", "0"], ["--tp", "0 is below 1"]),
     ],
 )
 def test_demo_refuses_bad_arguments_before_running(args, names, no_demo, capsys):
@@ -156,7 +157,9 @@ def test_demo_refuses_bad_arguments_before_running(args, names, no_demo, capsys)
 def test_demo_passes_checked_arguments(no_demo, tmp_path, capsys):
     path = tmp_path / "run.npz"
     code, _, _ = run_cli(["demo", "--seed", "3", "--columns", "8", "--trace", path], capsys)
-    assert code == 0 and no_demo == [dict(seed=3, columns=8, trace_path=str(path), kv_events=None)]
+    assert code == 0 and no_demo == [
+        dict(seed=3, columns=8, trace_path=str(path), kv_events=None, tp=1)
+    ]
     code, _, _ = run_cli(["demo", "--kv-events", "tcp://*:5557"], capsys)
     assert code == 0 and no_demo[1]["kv_events"] == KVEventsConfig("tcp://*:5557")
 
@@ -179,6 +182,7 @@ def test_demo_cannot_write_its_trace(monkeypatch, tmp_path, capsys):
         (dict(seed=1.5), TypeError, "seed must be an integer"),
         (dict(trace_path="run.txt"), ValueError, "does not end in .npz"),
         (dict(trace_path="missing/run.npz"), ValueError, "folder missing does not exist"),
+        (dict(tp=0), ValueError, "tp=0 is below 1"),
     ],
 )
 def test_demo_run_checks_its_arguments_first(monkeypatch, kwargs, error, match):
