@@ -70,6 +70,24 @@ class Group:
         self._count("broadcast", int(size) + 8)
         return value if self.rank == 0 else pickle.loads(buffer.numpy().tobytes())
 
+    def send(self, value: object, dst: int) -> None:
+        """`value` to rank `dst` (pickled: a size, then the bytes), which `receive`s it."""
+        data = pickle.dumps(value)
+        size = self._torch.tensor([len(data)], dtype=self._torch.int64)
+        buffer = self._torch.frombuffer(bytearray(data), dtype=self._torch.uint8)
+        self._run(f"send to rank {dst}", lambda: self._dist.send(size, dst))
+        self._run(f"send to rank {dst}", lambda: self._dist.send(buffer, dst))
+        self._count("send", len(data) + 8)
+
+    def receive(self, src: int) -> object:
+        """What rank `src` `send`s next."""
+        size = self._torch.zeros(1, dtype=self._torch.int64)
+        self._run(f"receive from rank {src}", lambda: self._dist.recv(size, src))
+        buffer = self._torch.empty(int(size), dtype=self._torch.uint8)
+        self._run(f"receive from rank {src}", lambda: self._dist.recv(buffer, src))
+        self._count("receive", int(size) + 8)
+        return pickle.loads(buffer.numpy().tobytes())
+
     def all_reduce_sum(self, partial: np.ndarray) -> np.ndarray:
         """The sum over ranks of `partial` (float32), the same on every rank."""
         tensor = self._torch.from_numpy(np.ascontiguousarray(partial, dtype=np.float32))

@@ -1,0 +1,83 @@
+"""Prefill on one engine, decode on another (docs/contract.md §15.3): the prompt's K/V, as
+a saved conversation (`Engine.save`, a checksummed `SeqState` file), goes from the
+prefill engine's rank to the decode engine's over torch.distributed point-to-point, and
+the decode engine's next request hits all of it (nothing recomputed).
+
+    # rank 0, the prefill engine
+    [done] = prefill.generate([prompt], max_new_tokens=1)
+    send_prompt(prefill, done.request_id, dst=1, group=group)
+    # rank 1, the decode engine
+    tokens, first = receive_prompt(decode, src=0, group=group)
+    decode.submit([*tokens, first], max_new_tokens=n - 1)   # the prompt is cached
+
+The receiver checks the geometry (layers, KV heads, head_dim, windows, formats) before any
+K/V moves and loads only a whole, checksummed state; a refusal on either side is told to
+the other, and both raise `ConfigError` (a geometry, the decode engine's room) or
+`StateError` with nothing changed; a peer that died or stalls is a `DistributedError`.
+"""
+
+import tempfile
+from pathlib import Path
+
+from numbakv.core.errors import CacheError, ConfigError
+from numbakv.core.seq_state import Geometry, SeqState
+from numbakv.distributed.group import Group
+
+OK = "ok"
+
+
+def send_prompt(engine, request: int, dst: int, group: Group) -> SeqState:
+    """Sends request `request`'s conversation (finished: its prompt and every sampled token
+    but the last, `Engine.save`) and its last sampled token to rank `dst`, which
+    `receive_prompt`s it; returns the state sent. Raises what `Engine.save` raises, before
+    anything is sent, and ConfigError when `dst` refused it."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "prompt.npz"
+        state = engine.save(request, path)
+        data = path.read_bytes()
+    last = engine.result(request).tokens[0][-1]
+    group.send({"geometry": state.geometry.as_dict(), "n_tokens": state.n_tokens,
+                "nbytes": len(data), "next": int(last)}, dst)  # fmt: skip
+    _agreed(group.receive(dst), dst, "before the K/V moved")
+    group.send(data, dst)
+    _agreed(group.receive(dst), dst, "after the K/V moved; nothing was loaded")
+    return state
+
+
+def receive_prompt(engine, src: int, group: Group) -> tuple[list[int], int]:
+    """Receives what rank `src` `send_prompt`s into `engine`'s prefix cache (`Engine.load`):
+    returns (the conversation's token ids, the token sampled after them), so that a
+    request of both continues it. Refused (ConfigError, or what `Engine.load` raises), and
+    the sender told, when the geometry is not this engine's cache's or there is no room."""
+    header = group.receive(src)
+    cache = getattr(engine.executor, "cache", None)
+    mine = None if cache is None else Geometry.of(cache.config).as_dict()
+    if mine is not None and _plain(header["geometry"]) != _plain(mine):
+        problem = f"the prompt's geometry {header['geometry']} is not this engine's {mine}"
+        group.send(problem, src)
+        raise ConfigError(f"receive_prompt from rank {src}: {problem}")
+    group.send(OK, src)
+    data = group.receive(src)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "prompt.npz"
+        path.write_bytes(data)
+        try:
+            state = SeqState.load(path)
+            engine.load(state)
+        except CacheError as error:
+            group.send(f"{type(error).__name__}: {error}", src)
+            raise
+    group.send(OK, src)
+    return state.tokens.tolist(), header["next"]
+
+
+def _agreed(verdict: str, peer: int, when: str) -> None:
+    if verdict != OK:
+        raise ConfigError(f"rank {peer} refused the prompt {when}: {verdict}")
+
+
+def _plain(value):
+    """JSON's view of a geometry (tuples as lists), for comparing."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
