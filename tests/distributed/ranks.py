@@ -1,7 +1,7 @@
 """Runs a function on every rank of a fresh gloo group of spawned processes, as torchrun
-would start them: `on_ranks(target, *args)` -> each rank's result, by rank. A rank's
-exception comes back as its (type name, message); a rank that ends without a result (it
-was killed) as None."""
+would start them (one BLAS thread each): `on_ranks(target, *args)` -> each rank's result,
+by rank. A rank's exception comes back as its (type name, message); a rank that ends
+without a result (it was killed) as None."""
 
 import contextlib
 import multiprocessing
@@ -14,6 +14,7 @@ import traceback
 from datetime import timedelta
 
 NUMBAKV_DEVICE = os.environ.get("NUMBAKV_DEVICE", "sim")
+ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def on_ranks(target, *args, world: int = 2, timeout: float = 20.0, limit: float = 180.0):
@@ -29,8 +30,17 @@ def on_ranks(target, *args, world: int = 2, timeout: float = 20.0, limit: float 
             context.Process(target=_rank, args=(target, args, r, world, store, timeout, results))
             for r in range(world)
         ]
-        for process in ranks:
-            process.start()
+        threads = {name: os.environ.get(name) for name in ONE_THREAD}
+        os.environ.update(dict.fromkeys(ONE_THREAD, "1"))  # as torchrun starts ranks
+        try:
+            for process in ranks:
+                process.start()
+        finally:
+            for name, value in threads.items():
+                if value is None:
+                    os.environ.pop(name)
+                else:
+                    os.environ[name] = value
         out: list = [None] * world
         deadline, waiting = time.monotonic() + limit, set(range(world))
         while waiting and time.monotonic() < deadline:

@@ -191,3 +191,28 @@ def test_heads_are_split_and_replicated_as_vllm_does():
     for bad in ((6, 2, 0, 4), (8, 4, 0, 3), (12, 4, 0, 6)):
         with pytest.raises(ConfigError, match="cannot split"):
             shard_heads(*bad)
+
+
+def decode_step_counts(group) -> dict:
+    """The collectives of one decode step of 3 sessions (after their prefill), by kind."""
+    executor = executor_of(shard_model(tiny_model(seed=1), group), False)
+    if group.rank:
+        serve(executor, group)
+        return {}
+    tp = TensorParallel(executor, group)
+    sessions = [tp.open_session() for _ in range(3)]
+    tp.execute([Input(s, 0, [1, 2, 3]) for s in sessions])
+    before = {kind: list(count) for kind, count in group.counts.items()}
+    tp.execute([Input(s, 3, [4]) for s in sessions])
+    after = {kind: list(count) for kind, count in group.counts.items()}
+    tp.close()
+    return {k: (n - before.get(k, [0, 0])[0], b - before.get(k, [0, 0])[1])
+            for k, (n, b) in after.items()}  # fmt: skip
+
+
+def test_a_decode_step_costs_one_broadcast_two_all_reduces_a_layer_and_a_digest():
+    counts, _ = on_ranks(decode_step_counts)
+    width, d_model, n_layers = 3, 16, 2
+    assert counts["all_reduce"] == (2 * n_layers, 2 * n_layers * width * d_model * 4)
+    assert counts["broadcast"][0] == 1 and counts["all_gather"][0] == 1
+    assert set(counts) == {"broadcast", "all_reduce", "all_gather"}
