@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, prompts to 8k")
     args = parser.parse_args(argv)
-    from tests.distributed.ranks import on_ranks
+    from tests.ranks import on_ranks
 
     print_machine("torch")
     n_steps = 5 if args.quick else 20

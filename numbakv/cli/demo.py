@@ -110,8 +110,7 @@ def run(
     capacity = CACHE["capacity"] if group is None else group.agreed_min(CACHE["capacity"])
     config = model.config.cache_config(**CACHE | dict(capacity=capacity))
     cache = CellCache(config)
-    served = model if group else DeviceModel(model, config)  # a DeviceModel is not split
-    device = Executor(served, cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
+    device = Executor(DeviceModel(model, config), cache, MAX_SESSIONS, MAX_SESSION_TOKENS)
     reference = Executor(model, ReferenceCache(config), MAX_SESSIONS, MAX_SESSION_TOKENS)
     lockstep = front = Lockstep(device, reference)
     if group is not None:

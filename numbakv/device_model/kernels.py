@@ -20,7 +20,9 @@ functions: a source (`tiles.NORMED` or `tiles.AS_IS`), the weight columns of an 
 Scalar arguments are constants of the model (eps). Every index read from a buffer is
 clamped into its array: a GPU checks no bounds. Per layer: `qkv_rotary`, the cache's write
 and attend, `residual_matmul` (wo), `swiglu`, `residual_matmul` (w_down); per forward
-also `embed` first and `lm_head` last.
+also `embed` first and `lm_head` last. A tensor-parallel shard's layer runs `matmul` and
+`add_rows` instead of each `residual_matmul`, its partial sums added up over the ranks
+between them.
 """
 
 import math
@@ -105,6 +107,7 @@ qkv_loop = make_tile_loop(NORMED, pair_dot, qkv_store)
 residual_loop = make_tile_loop(AS_IS, column_dot, add_store)
 swiglu_loop = make_tile_loop(NORMED, pair_dot, swiglu_store)
 head_loop = make_tile_loop(NORMED, column_dot, put_store)
+product_loop = make_tile_loop(AS_IS, column_dot, put_store)
 
 
 @kernel([f"void({F2}, {TOKEN_MAP}, {F1}, float32, {F2}, {F3}, {STEP}, {F3}, {F3}, {F3})"])
@@ -138,6 +141,25 @@ def residual_matmul(a, token_map, w, x):
     one thread)."""
     n_tokens = min(token_map[0], a.shape[0], x.shape[0])
     residual_loop((a,), token_map, (w,), (x,), n_tokens, x.shape[1])
+
+
+@kernel([f"void({F2}, {TOKEN_MAP}, {F2}, {F2})"])
+def matmul(a, token_map, w, y):
+    """y[t] = a[t] @ w for t < token_map[0] (inputs[LIVE]): a [width, K] float32, w [K,
+    d_model] float32, y [width, d_model] float32: a tensor-parallel shard's partial sum,
+    which the ranks add up before `add_rows` adds it to the residual."""
+    n_tokens = min(token_map[0], a.shape[0], y.shape[0])
+    product_loop((a,), token_map, (w,), (y,), n_tokens, y.shape[1])
+
+
+@kernel([f"void({TOKEN_MAP}, {F2}, {F2})"])
+def add_rows(token_map, y, x):
+    """x[t] += y[t] for t < token_map[0] (inputs[LIVE]): y, x [width, d_model] float32."""
+    n_tokens, d_model = min(token_map[0], y.shape[0], x.shape[0]), x.shape[1]
+    for i in range(cuda.grid(1), n_tokens * d_model, cuda.gridsize(1)):
+        t = i // d_model
+        j = i - t * d_model
+        x[t, j] = x[t, j] + y[t, j]
 
 
 @kernel([f"void({F2}, {TOKEN_MAP}, {F1}, float32, {F2}, {F2}, {F2})"])

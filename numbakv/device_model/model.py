@@ -62,7 +62,10 @@ class DeviceModel:
     max_seq_len size the fixed buffers and the rotary table).
 
     config          : the ModelConfig;  model: the NumPy Model (the weights' source)
-    device_resident : True: the hidden state stays on the device, only logits come back
+    device_resident : True: the hidden state stays on the device, only logits come back;
+                      False for a tensor-parallel shard (`numbakv.distributed.shard_model`),
+                      whose partial sums meet the other ranks' through the host, twice a
+                      layer (`reduce`), so its forward is never captured
 
     One DeviceModel serves one stream of steps at a time: its buffers are shared by every
     step (a step's logits are valid until the next `run`).
@@ -75,11 +78,6 @@ class DeviceModel:
             raise ConfigError(f"expected a numbakv.serve.model.Model, got {model!r}")
         if not isinstance(cache_config, CacheConfig):
             raise ConfigError(f"expected a CacheConfig, got {cache_config!r}")
-        if model.reduce is not None:
-            raise ConfigError(
-                "a DeviceModel is not split by heads yet: this model is a tensor-parallel "
-                "shard (its reduce is set); serve the shard itself over the device cache"
-            )
         cfg = model.config
         check_geometry(cfg, cache_config)
         self.model, self.config, self.cache_config = model, cfg, cache_config
@@ -101,6 +99,11 @@ class DeviceModel:
             for n in (d, n_q, n_kv, n_kv, n_q, cfg.d_ff, cfg.vocab_size)
         )
         self._host_logits = cuda.pinned_array((width, cfg.vocab_size), np.float32)
+        self.reduce = model.reduce
+        if self.reduce is not None:
+            self.device_resident = False
+            self._partial = cuda.to_device(np.zeros((width, d), np.float32))
+            self._host_partial = cuda.pinned_array((width, d), np.float32)
         self._plans: dict[int, WidthPlan] = {}
         self._stream = None  # the stream of the last staged step
         self._n_logits = 0  # len(logits_at) of the last staged step
@@ -145,7 +148,8 @@ class DeviceModel:
 
     def run(self, cache: CellCache, step) -> None:
         """Launches the whole forward of the staged step on its stream, from the embedding
-        to the LM head; allocates, copies and synchronizes nothing (capturable)."""
+        to the LM head; allocates, copies and synchronizes nothing (capturable), but for a
+        tensor-parallel shard (`_residual`)."""
         if step is not self._staged:
             raise StepError("run() of a step that was not staged: stage(cache, step, ...) first")
         width, stream, step_buffer = step.width, step.stream, step.buffers.step
@@ -158,22 +162,29 @@ class DeviceModel:
             )  # fmt: skip
             cache.write(layer, plan.k, plan.v)
             cache.attend(layer, plan.q, out=plan.attn)
-            launch(
-                kernels.residual_matmul, *plan.out_grid, stream, plan.attn_flat, self._live,
-                lw.wo, plan.x,
-            )  # fmt: skip
+            self._residual(plan, width, stream, plan.attn_flat, lw.wo)
             launch(
                 kernels.swiglu, *plan.mlp_grid, stream, plan.x, self._live, lw.mlp_norm, eps,
                 lw.w_gate, lw.w_up, plan.hidden,
             )  # fmt: skip
-            launch(
-                kernels.residual_matmul, *plan.out_grid, stream, plan.hidden, self._live,
-                lw.w_down, plan.x,
-            )  # fmt: skip
+            self._residual(plan, width, stream, plan.hidden, lw.w_down)
         launch(
             kernels.lm_head, *plan.head_grid, stream, plan.x, self._logits_at, w.final_norm, eps,
             w.lm_head, self._logits,
         )  # fmt: skip
+
+    def _residual(self, plan: WidthPlan, width: int, stream, a, w) -> None:
+        """x += a @ w ([width, K] @ [K, d_model]); a shard's product is summed over the ranks
+        first (`reduce`, on the host: it copies and synchronizes)."""
+        if self.reduce is None:
+            launch(kernels.residual_matmul, *plan.out_grid, stream, a, self._live, w, plan.x)
+            return
+        partial, host = self._partial[:width], self._host_partial[:width]
+        launch(kernels.matmul, *plan.out_grid, stream, a, self._live, w, partial)
+        partial.copy_to_host(host, stream=stream)
+        stream.synchronize()
+        partial.copy_to_device(np.ascontiguousarray(self.reduce(host)), stream=stream)
+        launch(kernels.add_rows, *plan.embed_grid, stream, self._live, partial, plan.x)
 
     def logits(self, n: int) -> np.ndarray:
         """[n, vocab_size] float32: a host copy of the logits of the first `n` tokens of

@@ -138,7 +138,7 @@ class TransformersModel:
             raise ConfigError(
                 f"{type(hf_model).__name__} has no LM head; wrap a causal LM (AutoModelForCausalLM)"
             )
-        shape = geometry(hf_config)
+        shape = _split(hf_model, geometry(hf_config))
         _check_layers(hf_model, shape.n_layers)
         devices = sorted({str(p.device) for p in hf_model.parameters()})
         if len(devices) != 1:
@@ -234,6 +234,22 @@ def eos_ids(hf_model) -> frozenset[int]:
         eos = getattr(hf_model.config, "eos_token_id", None)
     ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list | tuple) else []
     return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
+
+
+def _split(hf_model, shape: ModelShape) -> ModelShape:
+    """`shape` with this rank's KV heads when transformers split the model over `tp_size`
+    ranks (`from_pretrained(..., tp_plan="auto")`): ConfigError unless every rank holds
+    whole KV heads (its plan cuts the K and V projections' columns evenly)."""
+    tp = getattr(hf_model, "tp_size", None) or 1
+    if tp == 1:
+        return shape
+    if shape.n_kv_heads % tp:
+        raise ConfigError(
+            f"transformers split the model over {tp} ranks (tp_plan), which cuts its "
+            f"n_kv_heads={shape.n_kv_heads} K/V heads apart; numbakv keeps whole heads on "
+            f"each rank: use a number of ranks that divides {shape.n_kv_heads}"
+        )
+    return replace(shape, n_kv_heads=shape.n_kv_heads // tp)
 
 
 def _check_layers(hf_model, n_layers: int) -> None:

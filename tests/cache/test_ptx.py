@@ -68,7 +68,15 @@ SMEM_LIMIT = 48 * 1024  # static shared memory per block
 DEVICE_MODEL = "numbakv.device_model.kernels"
 DEVICE_MODEL_KERNELS = {
     f"{DEVICE_MODEL}.{name}"
-    for name in ("embed", "qkv_rotary", "residual_matmul", "swiglu", "lm_head")
+    for name in (
+        "embed",
+        "qkv_rotary",
+        "residual_matmul",
+        "matmul",
+        "add_rows",
+        "swiglu",
+        "lm_head",
+    )
 }
 KERNELS = {
     *(f"numbakv.cache.kernels.placement.{name}" for name in SCATTERS),

@@ -92,6 +92,28 @@ def test_residual_matmul_adds_in_place(grid):
 
 
 @pytest.mark.parametrize("grid", GRIDS)
+def test_a_shards_matmul_then_add_rows_is_the_residual_matmul(grid):
+    """A tensor-parallel shard's two halves of residual_matmul: y = a @ w, then x += y,
+    each for the live rows only."""
+    rng = np.random.default_rng(5)
+    a, w, x = floats(rng, WIDTH, K), floats(rng, K, 9), floats(rng, WIDTH, 9)
+    stale = floats(rng, WIDTH, 9)
+    x_d, y_d = cuda.to_device(x), cuda.to_device(stale)
+    live = identity(WIDTH)
+    live[0] = WIDTH - 1
+    kernels.matmul[grid_of(grid, WIDTH, 9)](
+        cuda.to_device(a), cuda.to_device(live), cuda.to_device(w), y_d
+    )
+    y = y_d.copy_to_host()
+    close(y[:-1], (a @ w)[:-1])
+    np.testing.assert_array_equal(y[-1], stale[-1])
+    kernels.add_rows[(2, 1), 8](cuda.to_device(live), y_d, x_d)  # a 1-d grid, as embed's
+    got = x_d.copy_to_host()
+    np.testing.assert_array_equal(got[:-1], x[:-1] + y[:-1])
+    np.testing.assert_array_equal(got[-1], x[-1])
+
+
+@pytest.mark.parametrize("grid", GRIDS)
 def test_swiglu_is_silu_gate_times_up_of_the_normed_rows(grid):
     rng = np.random.default_rng(3)
     x, norm_w = floats(rng, WIDTH, K), floats(rng, K)

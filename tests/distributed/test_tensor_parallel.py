@@ -1,6 +1,7 @@
 """Tensor-parallel serving on two gloo ranks of the CPU (docs/contract.md §15.2): tp=2
 serves the tokens tp=1 serves, logits within float32's tolerance, with 1, 2 and 4 KV
-heads (replicated at 1) over the reference cache and the device cache; both ranks' tables
+heads (replicated at 1), the NumPy model over the reference cache and the device model
+over the device cache (in lockstep with it); both ranks' tables
 stay equal over a random 2 000-call workload with refusals; a planted divergence is
 named at the next digest; a rank that dies or stalls ends the other with an error."""
 
@@ -32,14 +33,15 @@ SAMPLINGS = [None, Sampling(0.8, top_p=0.9, seed=7), Sampling(1.0, top_k=20, see
 
 def executor_of(model, device: bool, capacity: int = 256) -> Executor | Lockstep:
     """An executor of `model` over the reference cache, or a Lockstep of the device
-    cache's against it."""
+    model's over the device cache against it."""
     config = model.config.cache_config(capacity=capacity, max_width=16, max_seqs=8)
     reference = Executor(model, CellCache(config), 4, 64)
     if not device:
         return reference
     from numbakv.cache.cellcache import CellCache as DeviceCache
+    from numbakv.device_model.model import DeviceModel
 
-    return Lockstep(Executor(model, DeviceCache(config), 4, 64), reference)
+    return Lockstep(Executor(DeviceModel(model, config), DeviceCache(config), 4, 64), reference)
 
 
 def generate(executor, close=None) -> list[tuple[list[int], list[np.ndarray]]]:

@@ -62,6 +62,9 @@ def on_ranks(target, *args, world: int = 2, timeout: float = 20.0, limit: float 
 
 def _rank(target, args, rank, world, store, timeout, results) -> None:
     os.environ["NUMBAKV_DEVICE"] = NUMBAKV_DEVICE
+    for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world),
+                        ("LOCAL_WORLD_SIZE", world)):  # fmt: skip
+        os.environ[name] = str(value)  # torchrun's, which transformers' tp_plan reads
     sys.setrecursionlimit(10_000)
     import torch.distributed as dist
 
