@@ -218,6 +218,14 @@ def device_info() -> dict:
     return {"mode": MODE, "name": name, "compute_capability": None}
 
 
+def use_device(index: int) -> None:
+    """Makes GPU `index` (modulo the GPUs this process sees) the current one: a rank of
+    several on one machine takes its LOCAL_RANK's. The simulator and compile-only mode
+    have one device, and ignore it."""
+    if MODE == "gpu":
+        cuda.select_device(int(index) % len(cuda.gpus))
+
+
 def cuda_versions() -> dict[str, object]:
     """{"driver": ..., "runtime": ...}: the CUDA driver's and runtime's (NVRTC's) versions
     as numba reports them (a GPU, or compile mode with the toolkit's libraries)."""

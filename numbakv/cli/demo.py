@@ -15,6 +15,7 @@ submission order, as the summary table letters them), the table and how the forw
 
 import argparse
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,12 +102,13 @@ def run(
     """
     check_arguments(seed, columns, trace_path, tp)
     from numbakv.cache.cellcache import CellCache
-    from numbakv.cache.cuda import device_info
+    from numbakv.cache.cuda import device_info, use_device
     from numbakv.device_model.model import DeviceModel
 
     model, group = Model.from_seed(MODEL, seed), None
     if tp > 1:
         model, group = _shard(model, tp)
+        use_device(int(os.environ.get("LOCAL_RANK", group.rank)))  # a GPU a rank
     capacity = CACHE["capacity"] if group is None else group.agreed_min(CACHE["capacity"])
     config = model.config.cache_config(**CACHE | dict(capacity=capacity))
     cache = CellCache(config)

@@ -70,3 +70,17 @@ def test_importing_numbakv_imports_no_numba_until_used(tmp_path):
     code = "import sys, numbakv; assert 'numba' not in sys.modules; numbakv.CellCache; print('ok')"
     done = run(code, tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_rank_takes_its_gpu_and_one_device_ignores_it(tmp_path):
+    """`use_device(LOCAL_RANK)`: the rank's GPU (modulo those it sees) on a GPU; the
+    simulator's one device otherwise."""
+    code = (
+        "import numbakv\nfrom numbakv.cache.cuda import cuda, use_device, MODE\n"
+        "use_device(5)\nprint(MODE, cuda.get_current_device().id if MODE == 'gpu' else -1)"
+    )
+    done = run(code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    mode, device = done.stdout.split()
+    expect = 5 % gpu_count() if HAS_GPU else -1
+    assert (mode, int(device)) == ("gpu" if HAS_GPU else "sim", expect)
