@@ -13,7 +13,7 @@ on every rank, naming the batch and the first differing cell.
 
     group = init()
     model = shard_model(Model.from_seed(config, 0), group)   # this rank's heads
-    cache = CellCache(config.cache_config(n_kv_heads=..., capacity=group.agreed_min(c)))
+    cache = CellCache(model.config.cache_config(capacity=group.agreed_min(c), ...))
     executor = Executor(model, cache, ...)
     if group.rank == 0:
         engine = Engine(TensorParallel(executor, group))   # ... then close()
@@ -32,6 +32,11 @@ from numbakv.serve.sampling import GREEDY, Sampling
 
 CALLS = ("open_session", "clone", "rewind", "close_session", "execute")  # broadcast by rank 0
 STOP = "stop"
+NOT_SERVED = {  # what an Executor answers that TensorParallel does not, and why
+    "save_session": "each rank holds only its heads' K/V",
+    "load_session": "each rank holds only its heads' K/V",
+    "sample": "it would draw from a session's generator on rank 0 alone",
+}
 
 
 def shard_heads(n_heads: int, n_kv_heads: int, rank: int, world: int) -> tuple[range, range]:
@@ -112,8 +117,10 @@ class TensorParallel:
         self._digests = Digests(group, digest_every)
 
     def __getattr__(self, name: str):
-        if name in ("save_session", "load_session", "sample"):  # not split by heads yet
-            raise AttributeError(f"{name} is not served under tensor parallelism")
+        if name in NOT_SERVED:
+            raise AttributeError(
+                f"{name} is not served under tensor parallelism: {NOT_SERVED[name]}"
+            )
         return getattr(self.__dict__["executor"], name)
 
     def open_session(self, sampling: Sampling = GREEDY, drawn: int = 0) -> int:

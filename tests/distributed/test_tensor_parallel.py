@@ -218,3 +218,25 @@ def test_a_decode_step_costs_one_broadcast_two_all_reduces_a_layer_and_a_digest(
     assert counts["all_reduce"] == (2 * n_layers, 2 * n_layers * width * d_model * 4)
     assert counts["broadcast"][0] == 1 and counts["all_gather"][0] == 1
     assert set(counts) == {"broadcast", "all_reduce", "all_gather"}
+
+
+class Rank:
+    """A stand-in group of which only the rank is read."""
+
+    def __init__(self, rank: int):
+        self.rank, self.world = rank, 2
+
+
+def test_tensor_parallel_reads_rank_0s_executor_and_says_what_it_does_not_serve():
+    executor = executor_of(tiny_model(seed=1), False)
+    tp = TensorParallel(executor, Rank(0))
+    assert (tp.vocab_size, tp.max_width, tp.cache) == (256, 16, executor.cache)
+    for name, why in [("save_session", "its heads' K/V"), ("sample", "on rank 0 alone")]:
+        with pytest.raises(AttributeError, match=why):
+            getattr(tp, name)
+    with pytest.raises(ConfigError, match="a host tier"):
+        PrefixCache(tp, host_bytes=1 << 20)  # needs save_session and load_session
+    with pytest.raises(ConfigError, match="rank 1 runs serve"):
+        TensorParallel(executor, Rank(1))
+    with pytest.raises(ConfigError, match="rank 0 schedules"):
+        serve(executor, Rank(0))
