@@ -22,21 +22,23 @@ on every rank, naming the batch and the first differing cell.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
 
 from numbakv.core.errors import CacheError, ConfigError, DistributedError
+from numbakv.core.seq_state import SeqState
 from numbakv.core.values import int_at_least
 from numbakv.distributed.group import Group, first_difference, table_digest
 from numbakv.serve.batch import Input, Output
 from numbakv.serve.model import Model, ModelConfig
 from numbakv.serve.sampling import GREEDY, Sampling
 
-CALLS = ("open_session", "clone", "rewind", "close_session", "execute")  # broadcast by rank 0
+# broadcast by rank 0
+CALLS = ("open_session", "clone", "rewind", "close_session", "execute", "save_session",
+         "load_session")  # fmt: skip
 STOP = "stop"
-NOT_SERVED = {  # what an Executor answers that TensorParallel does not, and why
-    "save_session": "each rank holds only its heads' K/V",
-    "load_session": "each rank holds only its heads' K/V",
-    "sample": "it would draw from a session's generator on rank 0 alone",
-}
+NOT_SERVED = {"sample": "it would draw from a session's generator on rank 0 alone"}
 
 
 def shard_heads(n_heads: int, n_kv_heads: int, rank: int, world: int) -> tuple[range, range]:
@@ -77,6 +79,7 @@ def shard_model(model: Model, group: Group) -> Model:
     config = ModelConfig(**fields | dict(n_heads=len(queries), n_kv_heads=len(kvs), d_ff=ff))
     shard = Model(config, weights)
     shard.reduce = group.all_reduce_sum
+    shard.kv_heads = kvs  # which of the model's KV heads this rank's pool holds
     return shard
 
 
@@ -138,6 +141,16 @@ class TensorParallel:
     def execute(self, inputs: Sequence[Input]) -> list[Output]:
         return self._call("execute", list(inputs))
 
+    def save_session(self, session: int, start: int = 0) -> SeqState:
+        """The session's state with every KV head of the model (each rank saves its heads,
+        rank 0 joins them): a state any number of ranks, or one process, loads."""
+        return self._call("save_session", session, start)
+
+    def load_session(self, state: SeqState, onto=None, sampling=GREEDY, drawn: int = 0) -> int:
+        """A new session holding `state` (of every KV head of the model): each rank loads
+        its heads of it."""
+        return self._call("load_session", state, onto, sampling, drawn)
+
     def close(self) -> None:
         """Ends `serve` on every other rank."""
         self.group.broadcast((STOP, ()))
@@ -171,9 +184,68 @@ def serve(executor, group: Group, digest_every: int = 1) -> int:
 
 
 def _apply(executor, name: str, args: tuple, digests: Digests):
-    """`executor.name(*args)`; a batch (done or refused) is followed by a digest."""
+    """`executor.name(*args)`; a batch (done or refused) is followed by a digest. A state
+    loads as this rank's heads of it; a saved one is every rank's heads joined on rank 0
+    (None elsewhere), or the refusal every rank met."""
+    heads = kv_heads(executor, digests.group.rank)
+    if name == "load_session":
+        args = (heads_of(args[0], heads), *args[1:])
+    if name != "save_session":
+        try:
+            return getattr(executor, name)(*args)
+        finally:
+            if name == "execute":
+                digests.after_batch(executor.cache)
     try:
-        return getattr(executor, name)(*args)
-    finally:
-        if name == "execute":
-            digests.after_batch(executor.cache)
+        saved: object = (heads, getattr(executor, name)(*args))
+    except CacheError as error:
+        saved = error
+    parts = digests.group.gathered(saved)
+    refused = [(r, p) for r, p in enumerate(parts) if isinstance(p, CacheError)]
+    if refused and refused[0][0] == 0:
+        raise parts[0]  # rank 0's refusal, met by every rank
+    if refused:
+        rank, error = refused[0]
+        raise DistributedError(f"save_session{args}: rank 0 saved it, rank {rank} refused: {error}")
+    return joined(parts) if digests.group.rank == 0 else None
+
+
+def kv_heads(executor, rank: int) -> range:
+    """Which of the model's KV heads `executor`'s pool holds: its shard's (`shard_model`),
+    else `n_kv_heads` of them after the lower ranks' (a transformers plan's even split)."""
+    model = executor.model
+    heads = getattr(getattr(model, "model", model), "kv_heads", None)
+    n = model.config.n_kv_heads
+    return range(rank * n, (rank + 1) * n) if heads is None else heads
+
+
+def heads_of(state: SeqState, heads: range) -> SeqState:
+    """This rank's `heads` of a state of every KV head (geometry, K, V, fp8 scales)."""
+    g = state.geometry
+    cut = slice(heads.start, heads.stop)
+    scales = tuple(tuple(tuple(s[cut]) for s in pair) for pair in g.fp8_scales)
+    geometry = replace(g, n_kv_heads=len(heads), fp8_scales=scales)
+    k, v = (tuple(x[:, cut] for x in side) for side in (state.k, state.v))
+    return replace(state, geometry=geometry, k=k, v=v)
+
+
+def joined(parts: list[tuple[range, SeqState]]) -> SeqState:
+    """One state of every KV head from each rank's (heads, state); a replicated head is
+    taken from the first rank that holds it."""
+    n = max(heads.stop for heads, _ in parts)
+    owner = [next((heads, s) for heads, s in parts if h in heads) for h in range(n)]
+    first = parts[0][1]
+    g = first.geometry
+
+    def heads(side, layer: int, which: int):
+        rows = [getattr(s, side)[layer][:, h - hs.start] for h, (hs, s) in enumerate(owner)]
+        return np.stack(rows, axis=1)
+
+    scales = tuple(
+        tuple(tuple(s.geometry.fp8_scales[i][w][h - hs.start] for h, (hs, s) in enumerate(owner))
+              for w in (0, 1))
+        for i in range(g.n_layers)
+    )  # fmt: skip
+    k = tuple(heads("k", i, 0) for i in range(g.n_layers))
+    v = tuple(heads("v", i, 1) for i in range(g.n_layers))
+    return replace(first, geometry=replace(g, n_kv_heads=n, fp8_scales=scales), k=k, v=v)

@@ -44,20 +44,26 @@ def executor_of(model, device: bool, capacity: int = 256) -> Executor | Lockstep
     return Lockstep(Executor(DeviceModel(model, config), DeviceCache(config), 4, 64), reference)
 
 
-def generate(executor, close=None) -> list[tuple[list[int], list[np.ndarray]]]:
-    """Every prompt's tokens and logits, served by an engine with a prefix cache."""
-    engine = Engine(executor, prefix_cache=PrefixCache(executor))
+def generate(executor, close=None) -> tuple[list, int]:
+    """Every prompt's tokens and logits, served by an engine whose prefix cache keeps 4
+    cells and offloads the rest to a host tier; then the second prompt again, which
+    reloads its prefix from the host tier: (completions, tokens reloaded)."""
+    prefix = PrefixCache(executor, max_cells=4, host_bytes=1 << 20)
+    engine = Engine(executor, prefix_cache=prefix)
     logits: dict[int, list] = {}
-    ids = [
-        engine.submit(p, max_new_tokens=6, sampling=s or Sampling(), n=1 + (i == 1),
-                      on_token=lambda e: logits.setdefault(e.request_id, []).append(e.logits))
-        for i, (p, s) in enumerate(zip(PROMPTS, SAMPLINGS, strict=True))
-    ]  # fmt: skip
-    while engine.is_busy:
-        engine.step()
+    ids = []
+    for prompts, samplings in ((PROMPTS, SAMPLINGS), ([PROMPTS[1] + "!"], [None])):
+        ids += [
+            engine.submit(p, max_new_tokens=6, sampling=s or Sampling(), n=1 + (p == PROMPTS[1]),
+                          on_token=lambda e: logits.setdefault(e.request_id, []).append(e.logits))
+            for p, s in zip(prompts, samplings, strict=True)
+        ]  # fmt: skip
+        while engine.is_busy:
+            engine.step()
     if close is not None:
         close()
-    return [(engine.result(i).tokens, logits[i]) for i in ids]
+    completions = [(engine.result(i).tokens, logits[i]) for i in ids]
+    return completions, engine.metrics.n_host_cached_tokens
 
 
 def tp_serving(group, n_kv_heads: int, device: bool):
@@ -74,12 +80,16 @@ def tp_serving(group, n_kv_heads: int, device: bool):
 
 @pytest.mark.parametrize("device", [False, True], ids=["reference", "device"])
 def test_tp2_serves_the_tokens_of_tp1(device):
-    """Three KV-head counts in one pair of ranks: 4 and 2 split, 1 replicated."""
+    """Three KV-head counts in one pair of ranks: 4 and 2 split, 1 replicated; a host tier
+    offloads and reloads a prefix (saved and loaded states of every head)."""
     results = on_ranks(tp_each, device)
     for n_kv_heads, (rank0, rank1) in zip((4, 2, 1), zip(*results, strict=True), strict=True):
-        completions, digest, capacity = rank0
+        (completions, reloaded), digest, capacity = rank0
         assert rank1 == (digest, 256) and capacity == 256, rank1
-        alone = generate(executor_of(tiny_model(seed=3, n_kv_heads=n_kv_heads), False))
+        alone, want_reloaded = generate(
+            executor_of(tiny_model(seed=3, n_kv_heads=n_kv_heads), False)
+        )
+        assert reloaded == want_reloaded > 0  # the host tier's hit, loaded on every rank
         for (tokens, logits), (want, want_logits) in zip(completions, alone, strict=True):
             assert tokens == want, n_kv_heads
             for got, expect in zip(logits, want_logits, strict=True):
@@ -231,12 +241,45 @@ def test_tensor_parallel_reads_rank_0s_executor_and_says_what_it_does_not_serve(
     executor = executor_of(tiny_model(seed=1), False)
     tp = TensorParallel(executor, Rank(0))
     assert (tp.vocab_size, tp.max_width, tp.cache) == (256, 16, executor.cache)
-    for name, why in [("save_session", "its heads' K/V"), ("sample", "on rank 0 alone")]:
+    for name, why in [("sample", "on rank 0 alone")]:
         with pytest.raises(AttributeError, match=why):
             getattr(tp, name)
-    with pytest.raises(ConfigError, match="a host tier"):
-        PrefixCache(tp, host_bytes=1 << 20)  # needs save_session and load_session
     with pytest.raises(ConfigError, match="rank 1 runs serve"):
         TensorParallel(executor, Rank(1))
     with pytest.raises(ConfigError, match="rank 0 schedules"):
         serve(executor, Rank(0))
+
+
+def tp_saving(group, n_kv_heads: int):
+    """Rank 0: a session's state saved under tp (every KV head), loaded back as a new
+    session, and that session's next token and logits."""
+    executor = executor_of(shard_model(tiny_model(seed=3, n_kv_heads=n_kv_heads), group), False)
+    if group.rank:
+        serve(executor, group)
+        return None
+    return saving(TensorParallel(executor, group))
+
+
+def saving(front):
+    s = front.open_session()
+    front.execute([Input(s, 0, [3, 1, 4, 1, 5, 9, 2, 6])])
+    state = front.save_session(s)
+    [out] = front.execute([Input(front.load_session(state), 8, [5])])
+    if isinstance(front, TensorParallel):
+        front.close()
+    return state, out.token, out.logits
+
+
+@pytest.mark.parametrize("n_kv_heads", [2, 1])
+def test_a_state_saved_under_tp_holds_every_head_and_loads_anywhere(n_kv_heads):
+    """Saved on two ranks (each its heads; at 1 KV head both hold it), it is the state one
+    process saves, within float32's tolerance, and loads back on the ranks alike."""
+    (state, token, logits), _ = on_ranks(tp_saving, n_kv_heads)
+    alone_executor = executor_of(tiny_model(seed=3, n_kv_heads=n_kv_heads), False)
+    want, want_token, want_logits = saving(alone_executor)
+    assert state.geometry == want.geometry and state.n_tokens == want.n_tokens == 8
+    for got, expect in zip(state.k + state.v, want.k + want.v, strict=True):
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
+    assert token == want_token
+    np.testing.assert_allclose(logits, want_logits, rtol=LOGITS_RTOL, atol=LOGITS_RTOL)
+    alone_executor.load_session(state)  # a tp state loads into one process
