@@ -15,7 +15,7 @@ from datetime import timedelta
 import numpy as np
 
 from numbakv.core.errors import ConfigError, DistributedError
-from numbakv.core.values import real
+from numbakv.core.values import as_int, real
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun sets them
 
@@ -27,8 +27,8 @@ def init(timeout: float = 60.0) -> "Group":
     import torch.distributed as dist
 
     timeout = real("timeout", timeout, ConfigError)
-    if not 0 < timeout < np.inf:
-        raise ConfigError(f"timeout={timeout} must be > 0 seconds")
+    if not 0.1 <= timeout <= 1e6:
+        raise ConfigError(f"timeout={timeout} must lie in [0.1, 1e6] seconds")
     if not dist.is_initialized():
         missing = [name for name in ENVIRONMENT if name not in os.environ]
         if missing:
@@ -70,8 +70,19 @@ class Group:
         self._count("broadcast", int(size) + 8)
         return value if self.rank == 0 else pickle.loads(buffer.numpy().tobytes())
 
+    def peer(self, name: str, rank) -> int:
+        """`rank` as another rank of the group, else ConfigError naming it."""
+        rank = as_int(name, rank, ConfigError)
+        if not 0 <= rank < self.world or rank == self.rank:
+            raise ConfigError(
+                f"{name}={rank}: expected another rank of this group, in [0, {self.world}) "
+                f"and not {self.rank}"
+            )
+        return rank
+
     def send(self, value: object, dst: int) -> None:
         """`value` to rank `dst` (pickled: a size, then the bytes), which `receive`s it."""
+        dst = self.peer("dst", dst)
         data = pickle.dumps(value)
         size = self._torch.tensor([len(data)], dtype=self._torch.int64)
         buffer = self._torch.frombuffer(bytearray(data), dtype=self._torch.uint8)
@@ -81,6 +92,7 @@ class Group:
 
     def receive(self, src: int) -> object:
         """What rank `src` `send`s next."""
+        src = self.peer("src", src)
         size = self._torch.zeros(1, dtype=self._torch.int64)
         self._run(f"receive from rank {src}", lambda: self._dist.recv(size, src))
         buffer = self._torch.empty(int(size), dtype=self._torch.uint8)

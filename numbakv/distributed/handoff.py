@@ -50,10 +50,8 @@ def receive_prompt(engine, src: int, group: Group) -> tuple[list[int], int]:
     request of both continues it. Refused (ConfigError, or what `Engine.load` raises), and
     the sender told, when the geometry is not this engine's cache's or there is no room."""
     header = group.receive(src)
-    cache = getattr(engine.executor, "cache", None)
-    mine = None if cache is None else Geometry.of(cache.config).as_dict()
-    if mine is not None and _plain(header["geometry"]) != _plain(mine):
-        problem = f"the prompt's geometry {header['geometry']} is not this engine's {mine}"
+    problem = _refusal(engine, header["geometry"])
+    if problem is not None:
         group.send(problem, src)
         raise ConfigError(f"receive_prompt from rank {src}: {problem}")
     group.send(OK, src)
@@ -69,6 +67,18 @@ def receive_prompt(engine, src: int, group: Group) -> tuple[list[int], int]:
             raise
     group.send(OK, src)
     return state.tokens.tolist(), header["next"]
+
+
+def _refusal(engine, geometry: dict) -> str | None:
+    """Why `engine` cannot take a prompt of `geometry` (no engine with a prefix cache, or
+    its cache of another geometry), before any K/V moves; None when it can."""
+    if getattr(engine, "prefix_cache", None) is None or not callable(getattr(engine, "load", None)):
+        return f"{type(engine).__name__} is not an Engine with a prefix cache to load it into"
+    cache = getattr(engine.executor, "cache", None)
+    mine = None if cache is None else Geometry.of(cache.config).as_dict()
+    if mine is not None and _plain(geometry) != _plain(mine):
+        return f"the prompt's geometry {geometry} is not this engine's {mine}"
+    return None
 
 
 def _agreed(verdict: str, peer: int, when: str) -> None:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from numbakv.core.errors import CacheError, ConfigError, DistributedError
+from numbakv.core.errors import ConfigError, DistributedError
 from numbakv.core.seq_state import SeqState
 from numbakv.core.values import int_at_least
 from numbakv.distributed.group import Group, first_difference, table_digest
@@ -45,7 +45,15 @@ def shard_heads(n_heads: int, n_kv_heads: int, rank: int, world: int) -> tuple[r
     """(query heads, KV heads) of `rank`: n_heads / world query heads in order, and the KV
     heads they read; with world > n_kv_heads a KV head is replicated on world / n_kv_heads
     ranks (vLLM's rule). ConfigError unless n_heads % world == 0 and n_kv_heads and world
-    divide one another."""
+    divide one another, and 0 <= rank < world."""
+    n_heads, n_kv_heads = (
+        int_at_least("n_heads", n_heads, 1),
+        int_at_least("n_kv_heads", n_kv_heads, 1),
+    )
+    world = int_at_least("world", world, 1)
+    rank = int_at_least("rank", rank, 0)
+    if rank >= world:
+        raise ConfigError(f"rank={rank} is not below world={world}")
     if n_heads % world or (n_kv_heads % world and world % n_kv_heads):
         raise ConfigError(
             f"{world} ranks cannot split n_heads={n_heads}, n_kv_heads={n_kv_heads}: give a "
@@ -114,6 +122,7 @@ class TensorParallel:
     rank. `close()` ends the other ranks' `serve`."""
 
     def __init__(self, executor, group: Group, digest_every: int = 1):
+        check_parts(executor, group)
         if group.rank != 0:
             raise ConfigError(f"TensorParallel runs on rank 0; rank {group.rank} runs serve()")
         self.executor, self.group = executor, group
@@ -124,6 +133,8 @@ class TensorParallel:
             raise AttributeError(
                 f"{name} is not served under tensor parallelism: {NOT_SERVED[name]}"
             )
+        if "executor" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self.__dict__["executor"], name)
 
     def open_session(self, sampling: Sampling = GREEDY, drawn: int = 0) -> int:
@@ -165,6 +176,7 @@ def serve(executor, group: Group, digest_every: int = 1) -> int:
     `executor` (a refusal is rank 0's too, and is passed over), until its `close()`;
     returns the calls served. `DistributedError` when rank 0 died or stalled past the
     timeout, or the tables differ at a digest."""
+    check_parts(executor, group)
     if group.rank == 0:
         raise ConfigError("rank 0 schedules (TensorParallel); serve() runs on the others")
     digests, n = Digests(group, digest_every), 0
@@ -176,10 +188,10 @@ def serve(executor, group: Group, digest_every: int = 1) -> int:
             raise DistributedError(f"rank 0 sent {name!r}, not one of {CALLS}")
         try:
             _apply(executor, name, args, digests)
-        except DistributedError:
+        except (DistributedError, AssertionError):  # the ranks disagree (a LockstepError too)
             raise
-        except CacheError:
-            pass  # refused on rank 0 too: the tables stay as they were
+        except Exception:
+            pass  # refused on rank 0 too, before anything changed: so it is here
         n += 1
 
 
@@ -198,16 +210,25 @@ def _apply(executor, name: str, args: tuple, digests: Digests):
                 digests.after_batch(executor.cache)
     try:
         saved: object = (heads, getattr(executor, name)(*args))
-    except CacheError as error:
+    except Exception as error:  # every rank joins the gather, refused or not
         saved = error
     parts = digests.group.gathered(saved)
-    refused = [(r, p) for r, p in enumerate(parts) if isinstance(p, CacheError)]
+    refused = [(r, p) for r, p in enumerate(parts) if isinstance(p, Exception)]
     if refused and refused[0][0] == 0:
         raise parts[0]  # rank 0's refusal, met by every rank
     if refused:
         rank, error = refused[0]
         raise DistributedError(f"save_session{args}: rank 0 saved it, rank {rank} refused: {error}")
     return joined(parts) if digests.group.rank == 0 else None
+
+
+def check_parts(executor, group) -> None:
+    """ConfigError unless `executor` runs batches (an `Executor`, a `Lockstep`) and
+    `group` is a numbakv `Group`."""
+    if not all(callable(getattr(executor, m, None)) for m in ("execute", "open_session")):
+        raise ConfigError(f"expected an Executor or a Lockstep, got {executor!r}")
+    if not isinstance(group, Group):
+        raise ConfigError(f"expected a numbakv.distributed Group (init()), got {group!r}")
 
 
 def kv_heads(executor, rank: int) -> range:

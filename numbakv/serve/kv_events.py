@@ -62,23 +62,54 @@ class KVEventsConfig:
     def __post_init__(self):
         for name in ("endpoint", "replay_endpoint"):
             value = getattr(self, name)
-            if (value is not None or name == "endpoint") and not (
-                isinstance(value, str) and value.startswith(("tcp://", "ipc://", "inproc://"))
-            ):
-                raise ConfigError(f"{name}={value!r}: expected tcp://, ipc:// or inproc:// ...")
-        if not isinstance(self.topic, str):
-            raise ConfigError(f"topic={self.topic!r}: expected a str")
-        int_at_least("block_size", self.block_size, 1)
-        int_at_least("buffer_steps", self.buffer_steps, 1)
-        int_at_least("hwm", self.hwm, 0)
-        if self.data_parallel_rank is not None:
-            int_at_least("data_parallel_rank", self.data_parallel_rank, 0)
+            if value is not None or name == "endpoint":
+                check_endpoint(name, value)
+        if not isinstance(self.topic, str) or not _encodable(self.topic):
+            raise ConfigError(f"topic={self.topic!r}: expected a str (UTF-8, no lone surrogates)")
+        for name, least, most in (("block_size", 1, 1 << 20), ("buffer_steps", 1, 1 << 24),
+                                  ("hwm", 0, (1 << 31) - 1)):  # fmt: skip
+            value = int_at_least(name, getattr(self, name), least)
+            if value > most:
+                raise ConfigError(f"{name}={value} is above {most}")
+            object.__setattr__(self, name, value)
+        rank = self.data_parallel_rank
+        if rank is not None:
+            rank = int_at_least("data_parallel_rank", rank, 0)
+            if rank >= 1 << 63:
+                raise ConfigError(f"data_parallel_rank={rank} is not below 2**63")
+            object.__setattr__(self, "data_parallel_rank", rank)
+
+
+def check_endpoint(name: str, value) -> None:
+    """ConfigError unless `value` is a tcp://HOST:PORT (PORT in [0, 65535], or *), ipc://
+    or inproc:// address."""
+    if not isinstance(value, str) or not _encodable(value):
+        raise ConfigError(f"{name}={value!r}: expected a str such as tcp://*:5557")
+    scheme, _, rest = value.partition("://")
+    if scheme in ("ipc", "inproc") and rest:
+        return
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp" and host and (port == "*" or (port.isdigit() and int(port) < 65536)):
+        return
+    raise ConfigError(
+        f"{name}={value!r}: expected tcp://HOST:PORT (PORT 0 to 65535, or *), ipc://PATH or "
+        "inproc://NAME"
+    )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def block_hashes(tokens: np.ndarray, block_size: int, salt: str | None = None) -> list[int]:
     """The chained hash (an unsigned 64-bit int) of each whole block of `tokens` ([n] ints):
     the first 8 bytes, big-endian, of SHA-256 over the parent's hash (8 bytes big-endian;
     the salt's for the first block) and the block's ids as int64 little-endian."""
+    int_at_least("block_size", block_size, 1)
     parent = salt_hash(salt)
     hashes = []
     ids = np.asarray(tokens, dtype="<i8")
@@ -90,8 +121,11 @@ def block_hashes(tokens: np.ndarray, block_size: int, salt: str | None = None) -
 
 
 def salt_hash(salt: str | None) -> int:
-    """The hash a path's first block chains to: one per cache salt (None apart from "")."""
-    data = b"\0" if salt is None else b"\1" + salt.encode()
+    """The hash a path's first block chains to: one per cache salt (None apart from "";
+    any str hashes, lone surrogates included)."""
+    if salt is not None and not isinstance(salt, str):
+        raise ConfigError(f"salt={salt!r}: expected None or a str")
+    data = b"\0" if salt is None else b"\1" + salt.encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
 
 
@@ -156,12 +190,17 @@ class KVEvents:
         except ImportError as error:
             raise ConfigError(f"KV events need pyzmq and msgspec: {error}; "
                               "pip install 'numbakv[distributed]'") from None  # fmt: skip
-        self.config = config
+        self.config, self.n_batches, self._closed = config, 0, False
+        self.ledger = BlockLedger(config.block_size)
         self._encode = msgspec.msgpack.Encoder().encode
-        context = zmq.Context.instance()
-        self._pub, self._replay = context.socket(zmq.PUB), None
-        self._pub.set_hwm(config.hwm)
+        self._topic = config.topic.encode()
+        self._pub = self._replay = None
+        self._prefix_cache = prefix_cache
+        prefix_cache.listen(self.ledger)  # refused when taken; the blocks held now come first
         try:
+            context = zmq.Context.instance()
+            self._pub = context.socket(zmq.PUB)
+            self._pub.set_hwm(config.hwm)
             endpoint = config.endpoint
             binds = "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc", "inproc"))
             (self._pub.bind if binds else self._pub.connect)(endpoint)
@@ -169,37 +208,39 @@ class KVEvents:
                 self._replay = context.socket(zmq.ROUTER)
                 self._replay.bind(config.replay_endpoint)
         except zmq.ZMQError as error:
+            prefix_cache.listen(None)
             self._close_sockets()
             raise ConfigError(f"kv_events: {error} ({config})") from None
-        self.ledger = BlockLedger(config.block_size)
-        self.n_batches = 0
         self._queue: queue.Queue = queue.Queue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        self._prefix_cache = prefix_cache
-        prefix_cache.listen(self.ledger)  # the blocks held now are the first batch's
         self._thread = threading.Thread(target=self._serve, name="numbakv-kv-events", daemon=True)
         self._thread.start()
 
     def publish(self) -> int | None:
         """Sends the events since the last batch as one batch; returns its sequence number,
-        or None when there were none."""
+        or None when there were none (or it is closed)."""
         events = self.ledger.take()
-        if not events:
+        if not events or self._closed:
             return None
         batch = [time.time(), events]
         if self.config.data_parallel_rank is not None:
             batch.append(self.config.data_parallel_rank)
+        payload = self._encode(batch)
         seq, self.n_batches = self.n_batches, self.n_batches + 1
-        self._queue.put((seq, self._encode(batch)))
+        self._queue.put((seq, payload))
         return seq
 
     def close(self) -> None:
-        """Sends what was published, stops listening and closes the sockets."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-            self._prefix_cache.listen(None)
-            self._close_sockets()
+        """Publishes what changed since the last batch, sends every batch, stops listening
+        and closes the sockets; a second close does nothing."""
+        if self._closed:
+            return
+        self._prefix_cache.listen(None)
+        self.publish()
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+        self._close_sockets()
 
     def _close_sockets(self) -> None:
         for socket in (self._pub, self._replay):
@@ -208,7 +249,6 @@ class KVEvents:
 
     def _serve(self) -> None:
         """The sockets' thread: sends queued batches in order and answers replays."""
-        topic = self.config.topic.encode()
         while True:
             if self._replay is not None and self._replay.poll(0):
                 self._answer(self._replay.recv_multipart())
@@ -219,16 +259,16 @@ class KVEvents:
             if item is None:
                 return
             seq, payload = item
-            self._pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append(item)
 
     def _answer(self, frames: list[bytes]) -> None:
-        """Replays the kept batches from the sequence number a client asked for."""
-        if len(frames) != 3 or len(frames[2]) != 8:
-            return  # not a replay request: [identity, b"", first seq]
-        client, _, first = frames
-        start = int.from_bytes(first, "big")
-        for seq, payload in list(self._buffer):
-            if seq >= start:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        """Replays the kept batches from the sequence number a client asked for ([identity,
+        b"", 8 bytes]); anything else is answered with the end marker alone."""
+        client = frames[0]
+        if len(frames) == 3 and not frames[1] and len(frames[2]) == 8:
+            start = int.from_bytes(frames[2], "big")
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
         self._replay.send_multipart((client, b"", _END, b""))

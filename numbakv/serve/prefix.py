@@ -223,7 +223,9 @@ class PrefixCache(Reloading):
         +1) or loses (-1) positions [start, end) of a path, `path` ([end] int64) the tokens
         of positions 0 .. end - 1 (a copy of a run counts apart: two requests computed it),
         first once for every run the tree holds now; None stops it. One listener at a
-        time (`KVEvents` is one)."""
+        time (`KVEvents` is one): ConfigError while another listens."""
+        if listener is not None and self._listener is not None:
+            raise ConfigError("the prefix cache already has a listener (a KVEvents): close it")
         self._listener = listener
         stack = (
             [] if listener is None else [c for r in self._roots.values() for c in r.child_list()]

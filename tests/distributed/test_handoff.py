@@ -28,7 +28,7 @@ def engine(head_dim: int = 4, dtype: str = "float32") -> Engine:
     return Engine(executor, prefix_cache=PrefixCache(executor))
 
 
-def handoff(group, decode_dtype: str, die: bool):
+def handoff(group, decode_dtype: str, die: bool, receiver=None):
     """Rank 0 prefills and sends; rank 1 receives and decodes. Each returns what it saw."""
     if group.rank == 0:
         prefill = engine()
@@ -36,14 +36,15 @@ def handoff(group, decode_dtype: str, die: bool):
         before = prefill.prefix_cache.n_cells
         state = send_prompt(prefill, done.request_id, 1, group)
         return done.tokens[0], state.n_tokens, before == prefill.prefix_cache.n_cells
-    decode = engine(dtype=decode_dtype)
+    decode = engine(dtype=decode_dtype) if receiver is None else receiver
     if die:
         os._exit(1)
-    cells = decode.prefix_cache.n_cells
+    cells = decode.prefix_cache.n_cells if receiver is None else 0
     try:
         tokens, first = receive_prompt(decode, 0, group)
     except Exception as error:
-        return type(error).__name__, str(error), cells == decode.prefix_cache.n_cells
+        now = decode.prefix_cache.n_cells if receiver is None else 0
+        return type(error).__name__, str(error), cells == now
     [rest] = decode.generate([[*tokens, first]], max_new_tokens=N - 1)
     return [first, *rest.tokens[0]], rest.metrics.n_cached_tokens, len(tokens)
 
@@ -66,3 +67,9 @@ def test_a_dead_decode_rank_fails_the_sender():
     sender, receiver = on_ranks(handoff, "float32", True, timeout=5)
     assert sender[0] == "DistributedError" and "send to rank 1 failed" in sender[1]
     assert receiver is None
+
+
+def test_a_receiver_that_is_no_engine_refuses_before_the_kv_moves():
+    sender, receiver = on_ranks(handoff, "float32", False, "not an engine")
+    assert sender[0] == "ConfigError" and "not an Engine with a prefix cache" in sender[1]
+    assert receiver[0] == "ConfigError" and "not an Engine" in receiver[1]

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from numbakv.core.errors import ConfigError, SequenceError
-from numbakv.distributed.group import table_digest
+from numbakv.distributed.group import Group, init, table_digest
 from numbakv.distributed.tensor_parallel import TensorParallel, serve, shard_heads, shard_model
 from numbakv.reference import CellCache
 from numbakv.serve.batch import Input
@@ -203,6 +203,30 @@ def test_heads_are_split_and_replicated_as_vllm_does():
     for bad in ((6, 2, 0, 4), (8, 4, 0, 3), (12, 4, 0, 6)):
         with pytest.raises(ConfigError, match="cannot split"):
             shard_heads(*bad)
+    for bad, match in [((4, 2, 0, 0), "world=0"), ((4, 0, 0, 2), "n_kv_heads=0"),
+                       ((4.0, 2, 0, 2), "n_heads"), ((4, 2, 2, 2), "rank=2 is not below"),
+                       ((4, 2, -1, 2), "rank=-1"), ((4, 2, 0, True), "world")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            shard_heads(*bad)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "match"), [(0.0, "0.1, 1e6"), (1e300, "1e6"), ("5", "timeout")]
+)
+def test_a_bad_timeout_is_refused_before_anything(timeout, match):
+    with pytest.raises(ConfigError, match=match):
+        init(timeout=timeout)
+
+
+def test_peers_and_parts_are_checked_before_any_collective():
+    group = Rank(0)
+    for rank, match in [(0, "not 0"), (2, r"in \[0, 2\)"), ("1", "dst"), (-1, "dst=-1")]:
+        with pytest.raises(ConfigError, match=match):
+            group.send("x", rank)
+    with pytest.raises(ConfigError, match="an Executor or a Lockstep"):
+        TensorParallel("foo", group)
+    with pytest.raises(ConfigError, match=r"a numbakv\.distributed Group"):
+        TensorParallel(executor_of(tiny_model(seed=1), False), None)
 
 
 def decode_step_counts(group) -> dict:
@@ -230,7 +254,7 @@ def test_a_decode_step_costs_one_broadcast_two_all_reduces_a_layer_and_a_digest(
     assert set(counts) == {"broadcast", "all_reduce", "all_gather"}
 
 
-class Rank:
+class Rank(Group):
     """A stand-in group of which only the rank is read."""
 
     def __init__(self, rank: int):

@@ -17,7 +17,7 @@ from numbakv.reference import CellCache
 from numbakv.serve import radix
 from numbakv.serve.engine import Engine
 from numbakv.serve.executor import Executor
-from numbakv.serve.kv_events import BlockLedger, KVEventsConfig, block_hashes
+from numbakv.serve.kv_events import BlockLedger, KVEvents, KVEventsConfig, block_hashes
 from numbakv.serve.prefix import PrefixCache
 
 from helpers import tiny_model
@@ -64,7 +64,7 @@ class Router:
         self.sub = context.socket(zmq.SUB)
         self.sub.connect(endpoint)
         self.sub.setsockopt_string(zmq.SUBSCRIBE, topic)
-        self.replay = None
+        self.replay, self.replay_endpoint = None, replay
         if replay is not None:
             self.replay = context.socket(zmq.DEALER)
             self.replay.connect(replay)
@@ -128,14 +128,25 @@ class Router:
 
 def held_prefixes(prefix: PrefixCache, size: int) -> set[tuple[int, ...]]:
     """The oracle: every prefix of a whole number of blocks of a path the tree holds."""
+    return {tokens for _, tokens in held_blocks(prefix, size)}
+
+
+def held_blocks(prefix: PrefixCache, size: int) -> set[tuple[str | None, tuple[int, ...]]]:
+    """(salt, prefix) of every whole block of a path the tree holds, under each salt."""
     out = set()
-    stack = [node for root in prefix._roots.values() for node in root.child_list()]
-    while stack:
-        node = stack.pop()
-        path = radix.path_tokens(node).tolist()
-        out |= {tuple(path[:end]) for end in range(size, node.depth + 1, size)}
-        stack.extend(node.child_list())
+    for salt, root in prefix._roots.items():
+        stack = list(root.child_list())
+        while stack:
+            node = stack.pop()
+            path = radix.path_tokens(node).tolist()
+            out |= {(salt, tuple(path[:end])) for end in range(size, node.depth + 1, size)}
+            stack.extend(node.child_list())
     return out
+
+
+def held_hashes(prefix: PrefixCache, size: int) -> set[int]:
+    """The hashes of `held_blocks`, each chained over its prefix and salt."""
+    return {block_hashes(np.array(p), size, salt)[-1] for salt, p in held_blocks(prefix, size)}
 
 
 def served(size: int, max_cells: int | None, **config) -> tuple[Engine, Router]:
@@ -158,21 +169,24 @@ def test_the_router_holds_the_prefix_caches_blocks_after_every_step(size, max_ce
     ]
     for i, prompt in enumerate(prompts):
         engine.submit(prompt, max_new_tokens=5 + i % 4, n=1 + (i == 4))
+    for salt in ("tenant", "t\ud800"):  # the same tokens under two salts: other blocks
+        engine.submit(prompts[1], max_new_tokens=3, cache_salt=salt)
     n_steps = n_checked = 0
     while engine.is_busy:
         engine.step()
         n_steps += 1
         if router.receive(engine.kv_events.n_batches - 1, drop={2}):
             assert router.prefixes() == held_prefixes(engine.prefix_cache, size), n_steps
+            assert set(router.blocks) == held_hashes(engine.prefix_cache, size), n_steps
             n_checked += 1
-    engine.drop_prefix_cache()
-    engine.submit("x", max_new_tokens=1)
-    engine.step()
-    router.receive(engine.kv_events.n_batches - 1)
-    assert router.prefixes() == held_prefixes(engine.prefix_cache, size)
     assert router.n_replayed == 1 and engine.kv_events.n_batches > 3
     assert n_checked >= n_steps - 3 > 10  # unchecked: the steps while batch 2 is lost
+    engine.drop_prefix_cache()  # published by close(), which sends every batch
     engine.kv_events.close()
+    router.receive(engine.kv_events.n_batches - 1)
+    assert router.blocks == {} and held_prefixes(engine.prefix_cache, size) == set()
+    engine.kv_events.close()  # again: nothing
+    assert engine.kv_events.publish() is None
 
 
 def test_topic_rank_and_a_publisher_attached_to_a_full_cache():
@@ -187,6 +201,14 @@ def test_topic_rank_and_a_publisher_attached_to_a_full_cache():
     engine.prefix_cache.listen(late)
     stored = {e[1][0] for e in late.take() if e[0] == "BlockStored"}
     assert stored == set(router.blocks) and len(stored) > 5
+
+
+def test_hashes_check_their_arguments():
+    with pytest.raises(ConfigError, match="block_size"):
+        block_hashes(np.arange(4), 0)
+    with pytest.raises(ConfigError, match="salt=5"):
+        block_hashes(np.arange(4), 2, 5)
+    assert block_hashes(np.arange(4), 2, "\ud800") != block_hashes(np.arange(4), 2)
 
 
 def test_hashes_chain_over_blocks_and_salt():
@@ -218,11 +240,37 @@ def test_copies_are_counted_and_removed_once_the_last_goes():
     ("kw", "match"),
     [({"endpoint": "http://x"}, "endpoint='http://x'"), ({"block_size": 0}, "block_size"),
      ({"replay_endpoint": 5}, "replay_endpoint=5"), ({"buffer_steps": 0}, "buffer_steps"),
-     ({"data_parallel_rank": -1}, "data_parallel_rank"), ({"topic": b"kv"}, "topic")],
+     ({"data_parallel_rank": -1}, "data_parallel_rank"), ({"topic": b"kv"}, "topic"),
+     ({"endpoint": "tcp://*:99999"}, "PORT 0 to 65535"), ({"endpoint": "tcp://"}, "tcp://"),
+     ({"topic": "k\ud800"}, "lone surrogates"), ({"buffer_steps": 2**63}, "above"),
+     ({"hwm": 2**31}, "hwm=2147483648 is above"), ({"block_size": True}, "block_size"),
+     ({"data_parallel_rank": 2**70}, "not below 2\\*\\*63"), ({"endpoint": "inproc://"}, "inproc")],
 )  # fmt: skip
 def test_bad_configs_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         KVEventsConfig(**kw)
+
+
+def test_numpy_integers_are_stored_as_ints():
+    config = KVEventsConfig(hwm=np.int64(5), data_parallel_rank=np.int32(3))
+    assert (type(config.hwm), type(config.data_parallel_rank)) == (int, int)
+
+
+def test_one_publisher_a_prefix_cache_and_a_malformed_replay_request_is_answered():
+    engine, router = served(4, None)
+    with pytest.raises(ConfigError, match="already has a listener"):
+        KVEvents(engine.prefix_cache, KVEventsConfig("inproc://kv-second"))
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(router.replay_endpoint)
+    dealer.send_multipart([b"", b"short"])
+    assert (
+        dealer.poll(5000) and int.from_bytes(dealer.recv_multipart()[1], "big", signed=True) == -1
+    )
+    engine.generate(["after the refusal"], max_new_tokens=2)  # the first publisher goes on
+    router.receive(engine.kv_events.n_batches - 1)
+    assert router.prefixes() == held_prefixes(engine.prefix_cache, 4) != set()
+    engine.kv_events.close()
+    dealer.close()
 
 
 def test_kv_events_need_a_prefix_cache_and_a_free_endpoint():
