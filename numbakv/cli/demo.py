@@ -123,13 +123,31 @@ def run(
             return None
         front = TensorParallel(lockstep, group)
     recorder = Recorder(cache)
-    engine = Engine(
-        front, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
-        prefix_cache=PrefixCache(front), kv_events=kv_events,
-    )  # fmt: skip
-    ranks = "" if group is None else f", tensor parallel over {tp} ranks (gloo)"
-    print_fn(f"numbakv demo on {device_info()['name']}{ranks}: {len(WORKLOAD)} requests, "
-             f"checked against the reference cache at every step")  # fmt: skip
+    try:  # the other ranks' serve() ends however this one does
+        engine = Engine(
+            front, DecodeFirstScheduler(16, 8, 8), annotate=recorder.annotate,
+            prefix_cache=PrefixCache(front), kv_events=kv_events,
+        )  # fmt: skip
+        ranks = "" if group is None else f", tensor parallel over {tp} ranks (gloo)"
+        print_fn(f"numbakv demo on {device_info()['name']}{ranks}: {len(WORKLOAD)} requests, "
+                 f"checked against the reference cache at every step")  # fmt: skip
+        ids, seconds = _serve(engine)
+    finally:
+        if group is not None:
+            front.close()
+    if engine.kv_events is not None:
+        engine.kv_events.close()
+        print_fn(f"KV events: {engine.kv_events.n_batches} batches to {kv_events.endpoint}")
+    report = Report(engine, lockstep, ids, seconds, recorder.trace())
+    _print(report, cache, columns, print_fn)
+    if trace_path:
+        report.trace.save(trace_path)
+        print_fn(f"trace saved to {trace_path}; draw it with `numbakv viz {trace_path}`")
+    return report
+
+
+def _serve(engine: Engine) -> tuple[dict[str, int], float]:
+    """Runs the workload's arrivals and cancellations: (request ids by name, seconds)."""
     ids: dict[str, int] = {}
     start = time.perf_counter()
     for tick in itertools.count():
@@ -143,18 +161,7 @@ def run(
         if not engine.is_busy and len(ids) == len(WORKLOAD):
             break
         engine.step()
-    seconds = time.perf_counter() - start
-    if group is not None:
-        front.close()
-    if engine.kv_events is not None:
-        engine.kv_events.close()
-        print_fn(f"KV events: {engine.kv_events.n_batches} batches to {kv_events.endpoint}")
-    report = Report(engine, lockstep, ids, seconds, recorder.trace())
-    _print(report, cache, columns, print_fn)
-    if trace_path:
-        report.trace.save(trace_path)
-        print_fn(f"trace saved to {trace_path}; draw it with `numbakv viz {trace_path}`")
-    return report
+    return ids, time.perf_counter() - start
 
 
 def _shard(model: Model, tp: int) -> tuple[Model, object]:

@@ -12,13 +12,16 @@ the decode engine's next request hits all of it (nothing recomputed).
 
 The receiver checks the geometry (layers, KV heads, head_dim, windows, formats) before any
 K/V moves and loads only a whole, checksummed state; a refusal on either side is told to
-the other, and both raise `ConfigError` (a geometry, the decode engine's room) or
-`StateError` with nothing changed; a peer that died or stalls is a `DistributedError`.
+the other, and both raise its error with nothing changed (`ConfigError` for another
+geometry or no engine, what `Engine.load` raises otherwise: `CapacityError` for no room,
+`StateError` for a damaged state); a peer that died or stalls is a `DistributedError`. A
+decode engine over `TensorParallel` takes a state of every KV head.
 """
 
 import tempfile
 from pathlib import Path
 
+from numbakv.core import errors
 from numbakv.core.errors import CacheError, ConfigError
 from numbakv.core.seq_state import Geometry, SeqState
 from numbakv.distributed.group import Group
@@ -52,7 +55,7 @@ def receive_prompt(engine, src: int, group: Group) -> tuple[list[int], int]:
     header = group.receive(src)
     problem = _refusal(engine, header["geometry"])
     if problem is not None:
-        group.send(problem, src)
+        group.send(f"ConfigError: {problem}", src)
         raise ConfigError(f"receive_prompt from rank {src}: {problem}")
     group.send(OK, src)
     data = group.receive(src)
@@ -74,16 +77,30 @@ def _refusal(engine, geometry: dict) -> str | None:
     its cache of another geometry), before any K/V moves; None when it can."""
     if getattr(engine, "prefix_cache", None) is None or not callable(getattr(engine, "load", None)):
         return f"{type(engine).__name__} is not an Engine with a prefix cache to load it into"
+    whole = getattr(engine.executor, "whole_geometry", None)  # TensorParallel: every head
     cache = getattr(engine.executor, "cache", None)
-    mine = None if cache is None else Geometry.of(cache.config).as_dict()
-    if mine is not None and _plain(geometry) != _plain(mine):
+    mine = (
+        whole()
+        if whole is not None
+        else None
+        if cache is None
+        else Geometry.of(cache.config).as_dict()
+    )
+    if mine is None:
+        return None
+    theirs = {k: v for k, v in _plain(geometry).items() if mine.get(k) is not None}
+    if theirs != {k: v for k, v in _plain(mine).items() if v is not None}:
         return f"the prompt's geometry {geometry} is not this engine's {mine}"
     return None
 
 
 def _agreed(verdict: str, peer: int, when: str) -> None:
+    """Raises the peer's refusal as its own numbakv error (ConfigError when unknown)."""
     if verdict != OK:
-        raise ConfigError(f"rank {peer} refused the prompt {when}: {verdict}")
+        kind, _, _ = verdict.partition(":")
+        error = getattr(errors, kind, None)
+        cls = error if isinstance(error, type) and issubclass(error, CacheError) else ConfigError
+        raise cls(f"rank {peer} refused the prompt {when}: {verdict}")
 
 
 def _plain(value):

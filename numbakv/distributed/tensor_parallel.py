@@ -26,8 +26,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from numbakv.core.errors import ConfigError, DistributedError
-from numbakv.core.seq_state import SeqState
+from numbakv.core.errors import ConfigError, DistributedError, StateError
+from numbakv.core.seq_state import Geometry, SeqState, load_plan
 from numbakv.core.values import int_at_least
 from numbakv.distributed.group import Group, first_difference, table_digest
 from numbakv.serve.batch import Input, Output
@@ -87,7 +87,7 @@ def shard_model(model: Model, group: Group) -> Model:
     config = ModelConfig(**fields | dict(n_heads=len(queries), n_kv_heads=len(kvs), d_ff=ff))
     shard = Model(config, weights)
     shard.reduce = group.all_reduce_sum
-    shard.kv_heads = kvs  # which of the model's KV heads this rank's pool holds
+    shard.kv_heads, shard.whole_kv_heads = kvs, cfg.n_kv_heads  # this rank's, and all
     return shard
 
 
@@ -99,9 +99,10 @@ class Digests:
         self.group, self.every = group, int_at_least("digest_every", every, 1)
         self.n_batches = 0
 
-    def after_batch(self, cache) -> None:
-        self.n_batches += 1
-        if self.n_batches % self.every:
+    def after_batch(self, cache, force: bool = False) -> None:
+        """After a batch (every `every`-th compared) or, `force`, after another call."""
+        self.n_batches += not force
+        if self.n_batches % self.every and not force:
             return
         digests = self.group.gathered(table_digest(cache))
         if len(set(digests)) > 1:
@@ -159,8 +160,29 @@ class TensorParallel:
 
     def load_session(self, state: SeqState, onto=None, sampling=GREEDY, drawn: int = 0) -> int:
         """A new session holding `state` (of every KV head of the model): each rank loads
-        its heads of it."""
+        its heads of it. Its geometry is checked here first (`check_state`)."""
+        self.check_state(state)
         return self._call("load_session", state, onto, sampling, drawn)
+
+    def check_state(self, state: SeqState) -> None:
+        """ConfigError (StateError for no state) unless `state` holds every KV head of the
+        model and rank 0's heads of it fit rank 0's cache (`Engine.load` asks first)."""
+        if not isinstance(state, SeqState):
+            raise StateError(f"expected a SeqState, got {type(state).__name__}")
+        heads, whole = kv_heads(self.executor, 0)
+        if state.geometry.n_kv_heads != whole:
+            raise ConfigError(
+                f"the state has n_kv_heads={state.geometry.n_kv_heads}; this model has {whole} "
+                "(every rank's heads together)"
+            )
+        load_plan(heads_of(state, heads), self.executor.cache.config, False)
+
+    def whole_geometry(self) -> dict:
+        """The geometry of a state of every KV head, as `Geometry.as_dict()` gives it, but
+        for the fp8 scales (None: each rank knows its heads')."""
+        _, whole = kv_heads(self.executor, 0)
+        return Geometry.of(self.executor.cache.config).as_dict() | {
+            "n_kv_heads": whole, "fp8_scales": None}  # fmt: skip
 
     def close(self) -> None:
         """Ends `serve` on every other rank."""
@@ -199,15 +221,15 @@ def _apply(executor, name: str, args: tuple, digests: Digests):
     """`executor.name(*args)`; a batch (done or refused) is followed by a digest. A state
     loads as this rank's heads of it; a saved one is every rank's heads joined on rank 0
     (None elsewhere), or the refusal every rank met."""
-    heads = kv_heads(executor, digests.group.rank)
+    heads, _ = kv_heads(executor, digests.group.rank)
     if name == "load_session":
         args = (heads_of(args[0], heads), *args[1:])
     if name != "save_session":
         try:
             return getattr(executor, name)(*args)
         finally:
-            if name == "execute":
-                digests.after_batch(executor.cache)
+            if name in ("execute", "load_session"):  # a load any rank refused alone shows
+                digests.after_batch(executor.cache, force=name == "load_session")
     try:
         saved: object = (heads, getattr(executor, name)(*args))
     except Exception as error:  # every rank joins the gather, refused or not
@@ -231,13 +253,18 @@ def check_parts(executor, group) -> None:
         raise ConfigError(f"expected a numbakv.distributed Group (init()), got {group!r}")
 
 
-def kv_heads(executor, rank: int) -> range:
-    """Which of the model's KV heads `executor`'s pool holds: its shard's (`shard_model`),
-    else `n_kv_heads` of them after the lower ranks' (a transformers plan's even split)."""
+def kv_heads(executor, rank: int) -> tuple[range, int]:
+    """(which of the model's KV heads `executor`'s pool holds, how many the model has):
+    its shard's (`shard_model`, under a `DeviceModel` too), else n_kv_heads of them after
+    the lower ranks' for a transformers model split over tp_size ranks (its plan's even
+    split), else all of them."""
     model = executor.model
-    heads = getattr(getattr(model, "model", model), "kv_heads", None)
+    inner = getattr(model, "model", model)
+    if getattr(inner, "kv_heads", None) is not None:
+        return inner.kv_heads, inner.whole_kv_heads
     n = model.config.n_kv_heads
-    return range(rank * n, (rank + 1) * n) if heads is None else heads
+    tp = getattr(getattr(model, "hf_model", None), "tp_size", None) or 1
+    return (range(rank * n, (rank + 1) * n), n * tp) if tp > 1 else (range(n), n)
 
 
 def heads_of(state: SeqState, heads: range) -> SeqState:

@@ -87,8 +87,11 @@ class SavedConversations:
         vocab, tokens = self._executor.vocab_size, state.tokens
         if len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
             raise StateError(f"the conversation's token ids are not all in [0, {vocab})")
+        check = getattr(self._executor, "check_state", None)  # TensorParallel: every head
         cache = getattr(self._executor, "cache", None)
-        if cache is not None:  # before room is made: a foreign state evicts nothing
+        if check is not None:  # before room is made: a foreign state evicts nothing
+            check(state)
+        elif cache is not None:
             load_plan(state, cache.config, False)
         limit = self._executor.max_session_tokens
         if state.end > limit:  # static too: refused before anything is evicted

@@ -94,8 +94,7 @@ class Engine:
         self._observed = Observed()  # the ObserverErrors of the public call in progress
         self._notes = Notes(self._observed.annotate_hook(check_annotate(annotate)))
         if scheduler is None:
-            width = executor.max_width
-            n_decodes = max(1, width // 2)
+            width, n_decodes = executor.max_width, max(1, executor.max_width // 2)
             scheduler = DecodeFirstScheduler(width, n_decodes, max(1, width - n_decodes))
         if not isinstance(scheduler, DecodeFirstScheduler):
             raise ConfigError(f"expected a DecodeFirstScheduler or None, got {scheduler!r}")
@@ -149,9 +148,8 @@ class Engine:
         return self._queue(check_submission(self.executor, self.tokenizer, *args))
 
     def _queue(self, fields: dict) -> int:
-        request = self._requests.add(fields, self.clock())
-        self._waiting.append(request)
-        return request.id
+        self._waiting.append(self._requests.add(fields, self.clock()))
+        return self._waiting[-1].id
 
     @locked
     @completes
@@ -298,10 +296,12 @@ class Engine:
     def _step(self) -> tuple[list[TokenEvent], StepFaults]:
         """One step: (its events, what its callbacks and observers raised)."""
         check_not_in_callbacks(self._in_callbacks, "step")
-        with self._observed.call() as observed:
-            events, raised = self._run_step()
-        if self.kv_events is not None:
-            self.kv_events.publish()
+        try:
+            with self._observed.call() as observed:
+                events, raised = self._run_step()
+        finally:  # a failed step's changes too (the requests it ended)
+            if self.kv_events is not None:
+                self.kv_events.publish()
         return events, StepFaults(raised, observed)
 
     def _run_step(self) -> tuple[list[TokenEvent], dict[int, BaseException]]:

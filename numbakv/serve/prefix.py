@@ -292,9 +292,10 @@ class PrefixCache(Reloading):
     def _changed(self, node: Node, start: int, end: int, delta: int) -> None:
         """Tells the listener that positions [start, end) of `node`'s path came (+1) or went
         (-1)."""
-        if self._listener is not None:
+        listener = self._listener  # read once: another thread may stop it (KVEvents.close)
+        if listener is not None:
             salt = self._salts[id(radix.root_of(node))]
-            self._listener(salt, radix.path_tokens(node)[:end], start, end, delta)
+            listener(salt, radix.path_tokens(node)[:end], start, end, delta)
 
     def _grow(self, node: Node, tokens: np.ndarray, copy: bool = False) -> Node | None:
         """A new node under `node` for tokens[node.depth:], the caller's own cells; None

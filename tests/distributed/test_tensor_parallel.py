@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from numbakv.core.errors import ConfigError, SequenceError
+from numbakv.core.errors import ConfigError, SequenceError, StateError
 from numbakv.distributed.group import Group, init, table_digest
 from numbakv.distributed.tensor_parallel import TensorParallel, serve, shard_heads, shard_model
 from numbakv.reference import CellCache
@@ -274,14 +274,39 @@ def test_tensor_parallel_reads_rank_0s_executor_and_says_what_it_does_not_serve(
         serve(executor, Rank(0))
 
 
-def tp_saving(group, n_kv_heads: int):
+def tp_saving(group, n_kv_heads: int, folder: str):
     """Rank 0: a session's state saved under tp (every KV head), loaded back as a new
-    session, and that session's next token and logits."""
+    session, that session's next token and logits; the refusals of states that are no
+    state or of another head count, met on rank 0 before anything moves; and a
+    conversation saved by the engine, dropped and loaded again (`Engine.load`)."""
     executor = executor_of(shard_model(tiny_model(seed=3, n_kv_heads=n_kv_heads), group), False)
     if group.rank:
         serve(executor, group)
-        return None
-    return saving(TensorParallel(executor, group))
+        return table_digest(executor.cache)
+    tp = TensorParallel(executor, group)
+    refusals = []
+    other = executor_of(tiny_model(seed=3, n_kv_heads=4), False)
+    s = other.open_session()
+    other.execute([Input(s, 0, [1, 2, 3])])
+    for bad in ("not a state", other.save_session(s)):
+        try:
+            tp.load_session(bad)
+        except (ConfigError, StateError) as error:
+            refusals.append(f"{type(error).__name__}: {error}")
+    engine = Engine(tp, prefix_cache=PrefixCache(tp))
+    [done] = engine.generate(["a conversation to keep"], max_new_tokens=2)
+    engine.save(done.request_id, f"{folder}/chat.npz")
+    engine.drop_prefix_cache()
+    n_loaded = engine.load(f"{folder}/chat.npz")
+    [again] = engine.generate(["a conversation to keep, again"], max_new_tokens=1)
+    result = saving(tp)  # closes it
+    return (
+        *result,
+        refusals,
+        n_loaded,
+        again.metrics.n_cached_tokens,
+        table_digest(executor.cache),
+    )
 
 
 def saving(front):
@@ -295,10 +320,19 @@ def saving(front):
 
 
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
-def test_a_state_saved_under_tp_holds_every_head_and_loads_anywhere(n_kv_heads):
+def test_a_state_saved_under_tp_holds_every_head_and_loads_anywhere(n_kv_heads, tmp_path):
     """Saved on two ranks (each its heads; at 1 KV head both hold it), it is the state one
-    process saves, within float32's tolerance, and loads back on the ranks alike."""
-    (state, token, logits), _ = on_ranks(tp_saving, n_kv_heads)
+    process saves, within float32's tolerance, and loads back on the ranks alike; so does
+    the engine's saved conversation; a state of another head count is refused."""
+    rank0, digest1 = on_ranks(tp_saving, n_kv_heads, str(tmp_path))
+    state, token, logits, refusals, n_loaded, n_cached, digest0 = rank0
+    assert digest0 == digest1
+    assert refusals == [
+        "StateError: expected a SeqState, got str",
+        f"ConfigError: the state has n_kv_heads=4; this model has {n_kv_heads} (every rank's "
+        "heads together)",
+    ]
+    assert n_loaded == len("a conversation to keep") + 1 and n_cached == n_loaded - 1
     alone_executor = executor_of(tiny_model(seed=3, n_kv_heads=n_kv_heads), False)
     want, want_token, want_logits = saving(alone_executor)
     assert state.geometry == want.geometry and state.n_tokens == want.n_tokens == 8

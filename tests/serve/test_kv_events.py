@@ -303,3 +303,21 @@ def test_the_demo_publishes_its_prefix_caches_blocks(demo_run):
         router.apply(batch)
     system = [int(b) for b in SYSTEM.encode()]
     assert tuple(system[:16]) in stored and len(messages) > 3
+
+
+def test_a_step_that_raises_publishes_what_it_changed(monkeypatch):
+    engine, router = served(4, None)
+    engine.generate(["a finished prompt the prefix cache keeps"], max_new_tokens=2)
+    router.receive(engine.kv_events.n_batches - 1)
+    held = router.prefixes()
+
+    def failing_step():
+        engine.prefix_cache.drop()  # what a step changed before it failed
+        raise RuntimeError("the device fell over")
+
+    monkeypatch.setattr(engine, "_run_step", failing_step)
+    with pytest.raises(RuntimeError, match="fell over"):
+        engine.step()
+    router.receive(engine.kv_events.n_batches - 1)
+    assert held and router.prefixes() == held_prefixes(engine.prefix_cache, 4) == set()
+    engine.kv_events.close()
