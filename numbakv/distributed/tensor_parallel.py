@@ -4,8 +4,10 @@ model; rank 0 schedules and every other rank applies rank 0's calls (docs/contra
 
 numbakv's verbs are deterministic, so ranks that apply the same calls in the same order
 hold the same cell table: rank 0's `TensorParallel` broadcasts each call that changes
-sessions (open, clone, rewind, close, execute) on the CPU group before running it, and
-`serve` on every other rank runs the same call on its own executor. A forward meets the
+sessions (open, clone, rewind, close, execute, load) or reads their K/V (save) on the CPU
+group before running it, and `serve` on every other rank runs the same call on its own
+executor; a saved state is every rank's KV heads joined, a loaded one each rank's heads of
+it. A forward meets the
 other ranks' at two all-reduces a layer (the attention output and the MLP, row-parallel);
 every rank samples the same token from the same summed logits. Every `digest_every`
 batches the ranks compare a digest of their tables; a difference raises `DistributedError`
@@ -46,10 +48,8 @@ def shard_heads(n_heads: int, n_kv_heads: int, rank: int, world: int) -> tuple[r
     heads they read; with world > n_kv_heads a KV head is replicated on world / n_kv_heads
     ranks (vLLM's rule). ConfigError unless n_heads % world == 0 and n_kv_heads and world
     divide one another, and 0 <= rank < world."""
-    n_heads, n_kv_heads = (
-        int_at_least("n_heads", n_heads, 1),
-        int_at_least("n_kv_heads", n_kv_heads, 1),
-    )
+    n_heads = int_at_least("n_heads", n_heads, 1)
+    n_kv_heads = int_at_least("n_kv_heads", n_kv_heads, 1)
     world = int_at_least("world", world, 1)
     rank = int_at_least("rank", rank, 0)
     if rank >= world:
