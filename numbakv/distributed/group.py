@@ -22,8 +22,11 @@ ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # torchrun s
 
 def init(timeout: float = 60.0) -> "Group":
     """The default process group as a `Group`, initialized from torchrun's environment
-    (gloo) unless the caller initialized it; `timeout` (seconds) bounds every collective,
-    so a rank that died or stalls makes the others raise `DistributedError`."""
+    unless the caller initialized it: gloo, and where torch sees GPUs NCCL for CUDA
+    tensors too (`backend`; numbakv's own collectives are the CPU's); `timeout` (seconds)
+    bounds every collective, so a rank that died or stalls makes the others raise
+    `DistributedError`."""
+    import torch
     import torch.distributed as dist
 
     timeout = real("timeout", timeout, ConfigError)
@@ -36,8 +39,17 @@ def init(timeout: float = 60.0) -> "Group":
                 f"torch.distributed is not initialized and {', '.join(missing)} are not set: "
                 "launch with torchrun, or call torch.distributed.init_process_group first"
             )
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+        cuda = torch.cuda.is_available()
+        if cuda:  # a GPU a rank, as the device cache takes it (`use_device`)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        dist.init_process_group(backend(cuda), timeout=timedelta(seconds=timeout))
     return Group()
+
+
+def backend(cuda: bool) -> str:
+    """torch.distributed's backend: gloo for CPU tensors (numbakv's calls, digests, states)
+    and, with GPUs, NCCL for CUDA tensors (a transformers model's own all-reduces)."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 class Group:

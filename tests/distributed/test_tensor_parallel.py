@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from numbakv.core.errors import ConfigError, SequenceError, StateError
-from numbakv.distributed.group import Group, init, table_digest
+from numbakv.distributed.group import Group, backend, init, table_digest
 from numbakv.distributed.tensor_parallel import TensorParallel, serve, shard_heads, shard_model
 from numbakv.reference import CellCache
 from numbakv.serve.batch import Input
@@ -216,6 +216,10 @@ def test_heads_are_split_and_replicated_as_vllm_does():
 def test_a_bad_timeout_is_refused_before_anything(timeout, match):
     with pytest.raises(ConfigError, match=match):
         init(timeout=timeout)
+
+
+def test_the_cpu_meets_on_gloo_and_cuda_tensors_on_nccl():
+    assert (backend(False), backend(True)) == ("gloo", "cpu:gloo,cuda:nccl")
 
 
 def test_peers_and_parts_are_checked_before_any_collective():
