@@ -71,13 +71,10 @@ class Group:
 
     def broadcast(self, value: object = None) -> object:
         """Rank 0's `value` on every rank (pickled: a size, then the bytes)."""
-        torch = self._torch
-        data = pickle.dumps(value) if self.rank == 0 else b""
-        size = torch.tensor([len(data)], dtype=torch.int64)
+        size, buffer = self._packed(value) if self.rank == 0 else (self._size(), None)
         self._run("broadcast", lambda: self._dist.broadcast(size, 0))
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 else None
-        if buffer is None:
-            buffer = torch.empty(int(size), dtype=torch.uint8)
+        if self.rank:
+            buffer = self._torch.empty(int(size), dtype=self._torch.uint8)
         self._run("broadcast", lambda: self._dist.broadcast(buffer, 0))
         self._count("broadcast", int(size) + 8)
         return value if self.rank == 0 else pickle.loads(buffer.numpy().tobytes())
@@ -95,17 +92,15 @@ class Group:
     def send(self, value: object, dst: int) -> None:
         """`value` to rank `dst` (pickled: a size, then the bytes), which `receive`s it."""
         dst = self.peer("dst", dst)
-        data = pickle.dumps(value)
-        size = self._torch.tensor([len(data)], dtype=self._torch.int64)
-        buffer = self._torch.frombuffer(bytearray(data), dtype=self._torch.uint8)
+        size, buffer = self._packed(value)
         self._run(f"send to rank {dst}", lambda: self._dist.send(size, dst))
         self._run(f"send to rank {dst}", lambda: self._dist.send(buffer, dst))
-        self._count("send", len(data) + 8)
+        self._count("send", int(size) + 8)
 
     def receive(self, src: int) -> object:
         """What rank `src` `send`s next."""
         src = self.peer("src", src)
-        size = self._torch.zeros(1, dtype=self._torch.int64)
+        size = self._size()
         self._run(f"receive from rank {src}", lambda: self._dist.recv(size, src))
         buffer = self._torch.empty(int(size), dtype=self._torch.uint8)
         self._run(f"receive from rank {src}", lambda: self._dist.recv(buffer, src))
@@ -128,11 +123,24 @@ class Group:
         return int(tensor)
 
     def gathered(self, value: object) -> list:
-        """Every rank's `value`, by rank."""
-        out: list = [None] * self.world
-        self._run("all_gather", lambda: self._dist.all_gather_object(out, value))
-        self._count("all_gather", len(pickle.dumps(value)) * self.world)
-        return out
+        """Every rank's `value`, by rank (pickled once here: its bytes are what is gathered
+        and counted)."""
+        data, out = pickle.dumps(value), [None] * self.world
+        self._run("all_gather", lambda: self._dist.all_gather_object(out, data))
+        self._count("all_gather", len(data) * self.world)
+        return [pickle.loads(part) for part in out]
+
+    def _packed(self, value: object) -> tuple:
+        """([1] int64 the size, [size] uint8 the bytes) of `value` pickled."""
+        data = pickle.dumps(value)
+        torch = self._torch
+        return torch.tensor([len(data)], dtype=torch.int64), torch.frombuffer(
+            bytearray(data), dtype=torch.uint8
+        )
+
+    def _size(self):
+        """A [1] int64 tensor a size is received into."""
+        return self._torch.zeros(1, dtype=self._torch.int64)
 
     def _run(self, what: str, collective: Callable[[], object]) -> None:
         try:

@@ -74,22 +74,19 @@ def receive_prompt(engine, src: int, group: Group) -> tuple[list[int], int]:
 
 def _refusal(engine, geometry: dict) -> str | None:
     """Why `engine` cannot take a prompt of `geometry` (no engine with a prefix cache, or
-    its cache of another geometry), before any K/V moves; None when it can."""
+    its cache of another geometry; a field it does not know, None, is not compared),
+    before any K/V moves; None when it can."""
     if getattr(engine, "prefix_cache", None) is None or not callable(getattr(engine, "load", None)):
         return f"{type(engine).__name__} is not an Engine with a prefix cache to load it into"
     whole = getattr(engine.executor, "whole_geometry", None)  # TensorParallel: every head
     cache = getattr(engine.executor, "cache", None)
-    mine = (
-        whole()
-        if whole is not None
-        else None
-        if cache is None
-        else Geometry.of(cache.config).as_dict()
-    )
-    if mine is None:
+    if whole is not None:
+        mine = whole()
+    elif cache is not None:
+        mine = Geometry.of(cache.config).as_dict()
+    else:
         return None
-    theirs = {k: v for k, v in _plain(geometry).items() if mine.get(k) is not None}
-    if theirs != {k: v for k, v in _plain(mine).items() if v is not None}:
+    if any(v is not None and geometry.get(k) != v for k, v in mine.items()):
         return f"the prompt's geometry {geometry} is not this engine's {mine}"
     return None
 
@@ -101,10 +98,3 @@ def _agreed(verdict: str, peer: int, when: str) -> None:
         error = getattr(errors, kind, None)
         cls = error if isinstance(error, type) and issubclass(error, CacheError) else ConfigError
         raise cls(f"rank {peer} refused the prompt {when}: {verdict}")
-
-
-def _plain(value):
-    """JSON's view of a geometry (tuples as lists), for comparing."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
