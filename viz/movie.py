@@ -5,9 +5,12 @@ The frames differ only in the picture and the title above it; every frame is dra
 matplotlib's Pillow writer draws it (`Figure.savefig(format="rgba")`), but only the first
 whole: the others draw only what meets the rectangle the pictures and titles lie in (the
 legend and the tick and axis labels apart from it are hidden), and are that rectangle
-over the first frame."""
+over the first frame. Each frame is given its palette as Pillow's GIF writer gives it, on
+worker threads while the next frames are drawn (Pillow lets go of the GIL there)."""
 
 import io
+import os
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 import numpy as np
@@ -82,13 +85,14 @@ def _frames(fig: Figure, ax, dpi: float, show, titles: list[str]) -> list[Image.
     first = _draw(fig, dpi)
     box, where = _changing(ax, titles, first.shape)
     _hide(ax, box)
-    frames = [first]
-    for i in range(1, len(titles)):
-        show(i)
-        frame = first.copy()
-        frame[where] = _draw(fig, dpi)[where]
-        frames.append(frame)
-    return [_pillow(frame) for frame in frames]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        frames = [pool.submit(_gif_frame, first)]
+        for i in range(1, len(titles)):
+            show(i)
+            frame = first.copy()
+            frame[where] = _draw(fig, dpi)[where]
+            frames.append(pool.submit(_gif_frame, frame))
+        return [frame.result() for frame in frames]
 
 
 def _draw(fig: Figure, dpi: float) -> np.ndarray:
@@ -99,10 +103,13 @@ def _draw(fig: Figure, dpi: float) -> np.ndarray:
     return np.frombuffer(buffer.getvalue(), np.uint8).reshape(height, width, 4)
 
 
-def _pillow(frame: np.ndarray) -> Image.Image:
-    """A frame as the Pillow writer keeps it: RGB unless some pixel is transparent."""
+def _gif_frame(frame: np.ndarray) -> Image.Image:
+    """A frame as the Pillow writer keeps it (RGB unless some pixel is transparent), an RGB
+    one given its palette as Pillow's GIF writer would (`_normalize_mode`: adaptive)."""
     image = Image.frombuffer("RGBA", frame.shape[1::-1], frame.tobytes(), "raw", "RGBA", 0, 1)
-    return image if image.getextrema()[3][0] < 255 else image.convert("RGB")
+    if image.getextrema()[3][0] < 255:
+        return image
+    return image.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE)
 
 
 def _changing(ax, titles: list[str], shape) -> tuple[Bbox, tuple[slice, slice]]:

@@ -141,7 +141,7 @@ def run(
     report = Report(engine, lockstep, ids, seconds, recorder.trace())
     _print(report, cache, columns, print_fn)
     if trace_path:
-        report.trace.save(trace_path)
+        recorder.save(trace_path)  # its members deflated while the demo ran
         print_fn(f"trace saved to {trace_path}; draw it with `numbakv viz {trace_path}`")
     return report
 

@@ -32,6 +32,7 @@ from numbakv.core.errors import CacheError, TraceError
 from numbakv.core.observe import EVENTS
 from numbakv.core.values import short_repr
 from numbakv.trace import upgrade
+from numbakv.trace.zip_stream import Deflated, deflated, write_zip
 
 FORMAT = "numbakv-trace/3"  # what `Trace.save` writes
 FORMATS = ("numbakv-trace/1", "numbakv-trace/2", FORMAT)  # what `read_trace_file` reads
@@ -67,46 +68,30 @@ ARRAYS = {
 # formats 1 and 2: a whole owner bitset per change instead of codes and toggles
 BITSET_ARRAYS = {**FRAMES, "delta_owners": (np.uint64, 1), **STEPS}
 MEMBERS = ("header", *ARRAYS)  # a format 3 file's
-# zlib level of every member, by measurement: the trace of `benchmarks.record_large --scale
-# gpu --steps 2000` (34 MiB of arrays) deflates in 0.83 s to 4.2 MiB at numpy's 6, in 0.20 s
-# to 4.7 MiB at 2 and in 0.20 s to 5.8 MiB at 1; every member deflates 2.5:1 or better, so
-# none is stored
-COMPRESS_LEVEL = 2
 ADVICE = "record it again (Recorder.save or `numbakv demo --trace`)"
 KIND = npz.Kind("trace", f"{len(MEMBERS)} arrays", TraceError, ADVICE)
 
 
-def write_trace_file(path, config: CacheConfig, arrays: dict[str, np.ndarray | list[np.ndarray]],
+def write_trace_file(path, config: CacheConfig, arrays: dict[str, np.ndarray | Deflated],
                      annotations: list[dict]) -> None:  # fmt: skip
     """Writes one compressed `.npz` of FORMAT: the header (format and config), `arrays` (those
-    of ARRAYS, each an array or a list of chunks joined along their first axis: `_write_npy`)
-    and `annotations` (`{"frame", "kind", "data"}` dicts, strict JSON). The members are
-    `np.savez_compressed`'s, in its order, deflated at COMPRESS_LEVEL; a path not ending in
-    .npz gets it appended, as numpy's does."""
+    of ARRAYS, each an array or its member already deflated: a recorder's
+    `zip_stream.Stream`, finished) and `annotations` (`{"frame", "kind", "data"}` dicts,
+    strict JSON). The members are `np.savez_compressed`'s, in its order, deflated at
+    `zip_stream.LEVEL`; a path not ending in .npz gets it appended, as numpy's does."""
     header = json.dumps({"format": FORMAT, "config": dataclasses.asdict(config)})
     text = np.array(json.dumps(annotations, allow_nan=False))
     members = {"header": np.array(header), "annotations": text, **arrays}
-    if not hasattr(path, "write"):
-        path = os.fspath(path)
-        path = path if path.endswith(".npz") else f"{path}.npz"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as archive:
-        for name, array in members.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                _write_npy(member, array)
-
-
-def _write_npy(file, array: np.ndarray | list[np.ndarray]) -> None:
-    """Writes `array` to `file` as `np.save` does, or a list of chunks (C-contiguous arrays of
-    one dtype) as `np.save` writes them joined along their first axis, without joining them."""
-    if isinstance(array, np.ndarray):
-        np.lib.format.write_array(file, array, allow_pickle=False)
+    members = {
+        f"{name}.npy": deflated(value) if isinstance(value, np.ndarray) else value
+        for name, value in members.items()
+    }
+    if hasattr(path, "write"):
+        write_zip(path, members)
         return
-    shape = (sum(len(chunk) for chunk in array), *array[0].shape[1:])
-    descr = np.lib.format.dtype_to_descr(array[0].dtype)
-    header = {"descr": descr, "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(file, header)
-    for chunk in array:
-        file.write(np.ascontiguousarray(chunk).ravel().view(np.uint8).data)
+    path = os.fspath(path)
+    with open(path if path.endswith(".npz") else f"{path}.npz", "wb") as file:
+        write_zip(file, members)
 
 
 def read_trace_file(path) -> tuple[CacheConfig, dict[str, np.ndarray], object]:

@@ -6,23 +6,26 @@ A frame stores only the cells that changed since the one before (format 3,
 `annotate` adds the caller's own events (an engine's
 admissions and finishes) between the frames.
 
-At a frame the recorder reads the cells the verbs touched, swaps their state into its own
-copy of the table (`_Kept`: what they held comes back) and keeps the rest pending: the live
-ids, the step's rows. The pending frames are encoded together (`_encode`), in whole-array
-passes over all their cells: which changed, their owner codes, the owner bits each change
-to a shared cell flips. Every pass costs O(cells touched), none O(capacity) (the copy of
-the table is allocated once, its owners' pages mapped as cells are recorded), and a pass's
-fixed cost is shared by the frames of a batch (BATCH_FRAMES, BATCH_CELLS).
+At a frame the recorder reads the cells the verbs touched and keeps them pending, with the
+live ids and the step's rows. The pending frames are encoded together (`_encode`), in
+whole-array passes over all their cells: what each cell held before (the batch's read of it
+before, else the recorder's own copy of the table, `_Kept`), which changed, their owner
+codes, the owner bits each change to a shared cell flips. Every pass costs O(cells
+touched), none O(capacity) (the copy of the table is allocated once, its owners' pages
+mapped as shared cells are recorded), and a pass's fixed cost is shared by the frames of a
+batch (BATCH_FRAMES, BATCH_CELLS). Each batch's entries are deflated into the trace file's
+members on a background thread as they come (`zip_stream`), so `save` has little left to do.
 """
 
 import numpy as np
 
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import ConfigError
-from numbakv.core.snapshot import SHARED, owner_codes
+from numbakv.core.snapshot import FREE, SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, write_trace_file
 from numbakv.trace.frames import Trace
+from numbakv.trace.zip_stream import Deflated, Stream, npy_head
 
 BATCH_FRAMES = 256  # pending frames that make a batch
 BATCH_CELLS = 1 << 14  # or pending cells read: a batch holds their [cells, words] owners
@@ -103,8 +106,7 @@ class Recorder:
     def _record(self, cache, event: str, step) -> None:
         """Reads the frame after `event` (`step`: the Step of a prepare_step, else None)
         into the pending batch; encodes the batch once it is full."""
-        read_len, rows, live, (cells, pos, owners) = self._read(cache, event)
-        reads = (cells, pos, owners, *self._kept.swap(cells, pos, owners))
+        read_len, rows, live, reads = self._read(cache, event)
         steps = _NO_STEP if step is None else (step.cells, step.positions, step.seq_ids)
         self._pending.add((FRAME_EVENTS.index(event), read_len, rows), live, reads, steps)
         self._extent = max(self._extent, read_len)
@@ -138,7 +140,7 @@ class Recorder:
         if pending.frames:
             c = self._columns
             offsets = len(c["delta_cells"]), len(c["step_cells"])
-            for name, values in _encode(pending, *offsets):
+            for name, values in _encode(pending, self._kept, *offsets):
                 c[name].extend(values)
 
     def trace(self) -> Trace:
@@ -150,10 +152,11 @@ class Recorder:
     def save(self, path) -> None:
         """Writes the frames recorded so far to one `.npz` file: the file `trace().save`
         writes, without `trace()`'s check of the recorder's own arrays (`load_trace` checks
-        every file it reads), each column written chunk by chunk, never joined."""
+        every file it reads). Each column was deflated chunk by chunk as it was recorded,
+        on a background thread (`zip_stream`), so saving deflates only what is pending."""
         self._flush()
-        chunks = {name: column.chunks for name, column in self._columns.items()}
-        write_trace_file(path, self.config, chunks, self._annotations)
+        members = {name: column.deflated() for name, column in self._columns.items()}
+        write_trace_file(path, self.config, members, self._annotations)
 
 
 class _Pending:
@@ -162,8 +165,7 @@ class _Pending:
     def __init__(self):
         self.frames: list[tuple[int, int, int]] = []  # (event index, read_len, rows) each
         self.live: list[np.ndarray] = []  # [max_seqs] bool each
-        # (cells, pos, owners, pos before, owner words changed, their changes): `_Kept.swap`
-        self.cells: list[tuple[np.ndarray, ...]] = []
+        self.cells: list[tuple[np.ndarray, ...]] = []  # (cells, pos, owners): `_read`
         self.steps: list[tuple[np.ndarray, ...]] = []  # ([width] cells, positions, seq_ids)
         self._n_cells = 0
 
@@ -180,46 +182,78 @@ class _Pending:
 
 
 class _Kept:
-    """The cell table as the frames so far leave it: [capacity] int32 pos and owners, one
-    void item of `words` uint64 a cell (numpy gathers and scatters those several times
-    faster than the rows of a 2-d array). The owners are allocated, not written: memory is
-    taken only for the cells recorded."""
+    """The cell table as the frames so far leave it: [capacity] int32 pos and owner codes,
+    and the owners of the cells coded SHARED (any other cell's owners are its code's: one
+    id, or none), one void item of `words` uint64 a cell (numpy gathers and scatters those
+    several times faster than the rows of a 2-d array). The owners are allocated, not
+    written: memory is taken only for the shared cells recorded."""
 
     def __init__(self, capacity: int, n_words: int):
         self._pos = np.full(capacity, -1, dtype=np.int32)
+        self._codes = np.full(capacity, FREE, dtype=np.int32)
         self._owners = np.zeros(capacity, dtype=(np.void, 8 * n_words))
-        self._n_words = n_words
 
-    def swap(self, cells: np.ndarray, pos: np.ndarray, owners: np.ndarray) -> tuple:
-        """Sets `cells` ([n] distinct) to `pos` ([n] int32) and `owners` ([n, words]
-        uint64); returns ([n] int32 the pos they held, [k] int64 the flat indices into
-        `owners` of the words that changed, ascending, [k] uint64 those words' changed
-        bits)."""
-        was_pos, was = self._pos[cells], self._owners.take(cells).view(np.uint64)
-        self._pos[cells] = pos
-        self._owners[cells] = np.ascontiguousarray(owners).view(self._owners.dtype).ravel()
-        diff = (was.reshape(owners.shape) ^ owners).ravel()
-        words = np.flatnonzero(diff != 0)
-        return was_pos, words, diff[words]
+    def swap(
+        self, cells: np.ndarray, pos: np.ndarray, codes: np.ndarray, owners: np.ndarray
+    ) -> tuple:
+        """Sets cells to what a batch's reads say: [n] `cells` (each frame's distinct, frames
+        in order), their [n] int32 `pos` and owner `codes` and [n, words] uint64 `owners`.
+        Compares each read with what its cell held before it (the batch's read of the cell
+        before, else the table here): ([n] bool whether it changed, [k] int64 the flat
+        indices into `owners` of the words that changed in the reads coded SHARED,
+        ascending, [k] uint64 those words' changed bits). A read coded otherwise changed
+        its owners exactly when it changed its code, so only SHARED reads compare words."""
+        order = np.argsort(cells, kind="stable")  # by cell, then frame
+        by_cell = cells[order]
+        first, last = np.ones(len(cells), dtype=bool), np.ones(len(cells), dtype=bool)
+        first[1:] = last[:-1] = by_cell[1:] != by_cell[:-1]
+        again = np.flatnonzero(~first)
+        at, earlier = order[again], order[again - 1]
+        before = np.full(len(cells), -1)  # the batch's read of the same cell before, or -1
+        before[at] = earlier
+        was_pos, was_code = self._pos[cells], self._codes[cells]
+        was_pos[at], was_code[at] = pos[earlier], codes[earlier]
+        changed = (pos != was_pos) | (codes != was_code)
+        mine = np.ascontiguousarray(owners).view(self._owners.dtype).ravel()
+        shared = np.flatnonzero(codes == SHARED)
+        was = self._was(cells[shared], was_code[shared], before[shared], mine)
+        diff = (was.view(np.uint64).reshape(len(shared), owners.shape[1]) ^ owners[shared]).ravel()
+        words = np.flatnonzero(diff)
+        reads, word = np.divmod(words, owners.shape[1])
+        changed[shared[reads]] = True
+        ends = np.flatnonzero(last)
+        at, held = order[ends], by_cell[ends]
+        self._pos[held], self._codes[held] = pos[at], codes[at]
+        at = at[codes[at] == SHARED]
+        self._owners[cells[at]] = mine[at]
+        return changed, shared[reads] * owners.shape[1] + word, diff[words]
+
+    def _was(
+        self, cells: np.ndarray, codes: np.ndarray, before: np.ndarray, mine: np.ndarray
+    ) -> np.ndarray:
+        """[n] owner items: what `cells` (coded `codes` before) held, from the batch's read
+        `before` (`mine`: the batch's owners) where one is (>= 0), else from here."""
+        was = np.zeros(len(cells), dtype=mine.dtype)
+        batch = np.flatnonzero(before >= 0)
+        was[batch] = mine[before[batch]]
+        here = np.flatnonzero((before < 0) & (codes == SHARED))
+        was[here] = self._owners[cells[here]]
+        one = np.flatnonzero((before < 0) & (codes >= 0))
+        words = was.view(np.uint64).reshape(len(cells), mine.dtype.itemsize // 8)
+        words[one, codes[one] // 64] = np.uint64(1) << (codes[one] % 64).astype(np.uint64)
+        return was
 
 
-def _encode(pending: _Pending, n_changes: int, n_rows: int) -> list[tuple]:
-    """(name, entries) for every array of ARRAYS: the pending frames', in order.
-    n_changes, n_rows: the changes and step rows recorded before them (their offsets start
-    there)."""
+def _encode(pending: _Pending, kept: _Kept, n_changes: int, n_rows: int) -> list[tuple]:
+    """(name, entries) for every array of ARRAYS: the pending frames', in order; `kept` is
+    left as they leave the table. n_changes, n_rows: the changes and step rows recorded
+    before them (their offsets start there)."""
     events, read_len, rows = (np.array(x) for x in zip(*pending.frames, strict=True))
-    cells, pos, owners, was_pos, words, bits = (
-        np.concatenate(x) for x in zip(*pending.cells, strict=True)
-    )
-    n_reads = [len(reads[0]) for reads in pending.cells]
-    ends, n_words = np.cumsum(n_reads), owners.shape[1]  # each frame's reads end at `ends`
-    # the words changed, from flat indices into each frame's owners to the batch's
-    words += np.repeat((ends - n_reads) * n_words, [len(reads[4]) for reads in pending.cells])
+    cells, pos, owners = (np.concatenate(x) for x in zip(*pending.cells, strict=True))
     codes = owner_codes(owners)
-    changed = pos != was_pos
-    changed[words // n_words] = True
-    shared = codes[words // n_words] == SHARED
-    flips, toggle_seqs = _flips(owners, words[shared], bits[shared])
+    changed, words, bits = kept.swap(cells, pos, codes, owners)
+    flips, toggle_seqs = _flips(owners, words, bits)
+    ends = np.cumsum([len(reads[0]) for reads in pending.cells])
     done = np.concatenate([[0], np.cumsum(changed)])[ends]  # each frame's changes end there
     changed = np.flatnonzero(changed)
     steps = [np.concatenate(x) for x in zip(*pending.steps, strict=True)]
@@ -265,20 +299,23 @@ def _bits(values: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
 
 class _Column:
     """A numpy array appended to in chunks and joined when read: appending costs O(1) (the
-    chunk is kept, not copied), reading the n entries O(n) once."""
+    chunk is kept, not copied), reading the n entries O(n) once. Each chunk is deflated
+    as it comes, off this thread, into the column's member of the trace file."""
 
     def __init__(self, dtype, width: int | None = None):
         self._chunks = [np.zeros((0,) if width is None else (0, width), dtype=dtype)]
         self._n = 0
+        self._stream = Stream()
 
     def extend(self, values) -> None:
-        self._chunks.append(np.asarray(values, dtype=self._chunks[0].dtype))
+        self._chunks.append(np.ascontiguousarray(values, dtype=self._chunks[0].dtype))
         self._n += len(self._chunks[-1])
+        self._stream.append(self._chunks[-1])
 
-    @property
-    def chunks(self) -> list[np.ndarray]:
-        """The entries so far, as the chunks appended (`view` joins them)."""
-        return list(self._chunks)
+    def deflated(self) -> Deflated:
+        """The column's `.npy` member, deflated: the entries so far."""
+        shape = (self._n, *self._chunks[0].shape[1:])
+        return self._stream.finish(npy_head(shape, self._chunks[0].dtype))
 
     def __len__(self) -> int:
         return self._n

@@ -1,0 +1,76 @@
+"""`numbakv.trace.zip_stream`: the CRC-32 of a head and a body combined is zlib's of both;
+a member deflated in chunks on the worker thread inflates to the head and the chunks, and
+zipfile and numpy read the archive, zip64 included; an error on the worker thread is raised
+by `finish`."""
+
+import io
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numbakv.trace import zip_stream
+from numbakv.trace.zip_stream import Stream, crc32_combine, deflated, npy_head, write_zip
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_crc32_combine_is_zlibs_crc_of_both(a, b):
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_crc32_combine_over_a_long_body():
+    a, b = b"head", np.random.default_rng(0).bytes(3 << 20)
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def archive(members: dict) -> zipfile.ZipFile:
+    out = io.BytesIO()
+    write_zip(out, members)
+    return zipfile.ZipFile(io.BytesIO(out.getvalue()))
+
+
+@pytest.mark.parametrize("zip64_from", [zip_stream.ZIP64_FROM, 0, 200])
+def test_members_streamed_in_chunks_read_back_with_zipfile_and_numpy(monkeypatch, zip64_from):
+    monkeypatch.setattr(zip_stream, "ZIP64_FROM", zip64_from)  # zip64 for every size, or some
+    rng = np.random.default_rng(1)
+    chunks = [rng.integers(0, 50, size=n, dtype=np.int32) for n in (0, 7, 1000, 1, 300)]
+    stream = Stream()
+    for chunk in chunks:
+        stream.append(chunk)
+    joined = np.concatenate(chunks)
+    live = rng.random((9, 70)) < 0.5
+    members = {
+        "cells.npy": stream.finish(npy_head(joined.shape, joined.dtype)),
+        "live.npy": deflated(live),
+        "text.npy": deflated(np.array('{"format": "x"}')),
+        "empty.npy": Stream().finish(npy_head((0,), np.dtype(np.int64))),
+    }
+    with archive(members) as zipped:
+        assert zipped.testzip() is None  # every CRC matches
+        assert [i.filename for i in zipped.infolist()] == list(members)
+        assert {i.compress_type for i in zipped.infolist()} == {zipfile.ZIP_DEFLATED}
+        loaded = {i.filename: np.load(io.BytesIO(zipped.read(i))) for i in zipped.infolist()}
+    np.testing.assert_array_equal(loaded["cells.npy"], joined)
+    np.testing.assert_array_equal(loaded["live.npy"], live)
+    assert loaded["text.npy"][()] == '{"format": "x"}' and loaded["empty.npy"].shape == (0,)
+
+
+def test_a_stream_finished_goes_on_and_finishes_again():
+    stream = Stream()
+    stream.append(np.arange(5, dtype=np.int32))
+    first = stream.finish(npy_head((5,), np.dtype(np.int32)))
+    stream.append(np.arange(5, 8, dtype=np.int32))
+    second = stream.finish(npy_head((8,), np.dtype(np.int32)))
+    with archive({"a.npy": first, "b.npy": second}) as zipped:
+        np.testing.assert_array_equal(np.load(io.BytesIO(zipped.read("a.npy"))), np.arange(5))
+        np.testing.assert_array_equal(np.load(io.BytesIO(zipped.read("b.npy"))), np.arange(8))
+
+
+def test_an_error_on_the_worker_thread_is_raised_by_finish():
+    stream = Stream()
+    stream.append(np.arange(4, dtype=np.int32)[::2])  # not contiguous: zlib refuses it
+    with pytest.raises((BufferError, ValueError, TypeError)):
+        stream.finish(b"")
