@@ -13,8 +13,9 @@ before, else the recorder's own copy of the table, `_Kept`), which changed, thei
 codes, the owner bits each change to a shared cell flips. Every pass costs O(cells
 touched), none O(capacity) (the copy of the table is allocated once, its owners' pages
 mapped as shared cells are recorded), and a pass's fixed cost is shared by the frames of a
-batch (BATCH_FRAMES, BATCH_CELLS). Each batch's entries are deflated into the trace file's
-members on a background thread as they come (`zip_stream`), so `save` has little left to do.
+batch (BATCH_FRAMES, BATCH_CELLS). Each column's chunks are deflated into its member of
+the trace file on a background thread, a MiB at a time (`zip_stream`), so `save` has
+little left to deflate.
 """
 
 import numpy as np
@@ -152,8 +153,9 @@ class Recorder:
     def save(self, path) -> None:
         """Writes the frames recorded so far to one `.npz` file: the file `trace().save`
         writes, without `trace()`'s check of the recorder's own arrays (`load_trace` checks
-        every file it reads). Each column was deflated chunk by chunk as it was recorded,
-        on a background thread (`zip_stream`), so saving deflates only what is pending."""
+        every file it reads). The columns were deflated as they grew, on a background
+        thread (`zip_stream`): saving deflates the chunks still waiting (under a MiB a
+        column), once the worker is done with what was queued before."""
         self._flush()
         members = {name: column.deflated() for name, column in self._columns.items()}
         write_trace_file(path, self.config, members, self._annotations)
@@ -299,8 +301,8 @@ def _bits(values: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
 
 class _Column:
     """A numpy array appended to in chunks and joined when read: appending costs O(1) (the
-    chunk is kept, not copied), reading the n entries O(n) once. Each chunk is deflated
-    as it comes, off this thread, into the column's member of the trace file."""
+    chunk is kept, not copied), reading the n entries O(n) once. The chunks go to the
+    column's member of the trace file too, deflated off this thread a MiB at a time."""
 
     def __init__(self, dtype, width: int | None = None):
         self._chunks = [np.zeros((0,) if width is None else (0, width), dtype=dtype)]

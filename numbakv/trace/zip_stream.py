@@ -12,12 +12,13 @@ aligned, not the last block), so the body's deflate stream follows it as one str
 CRC-32 of both comes from theirs (`crc32_combine`, zlib's).
 """
 
+import contextlib
 import io
 import os
 import struct
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
@@ -69,9 +70,12 @@ class Stream:
             self._hand_off()
 
     def finish(self, head: bytes) -> Deflated:
-        """The member `head` + every chunk appended so far; appending may go on after."""
+        """The member `head` + every chunk appended so far; appending may go on after. It
+        waits for the worker to deflate what is queued before (other streams' chunks
+        too). A chunk the worker failed to deflate fails this stream for good: every
+        `finish` raises that error."""
         self._hand_off()
-        parts, crc, size = _pool().submit(self._end).result()
+        parts, crc, size = _submit(self._end).result()
         if self._error is not None:
             raise self._error
         deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
@@ -81,12 +85,13 @@ class Stream:
 
     def _hand_off(self) -> None:
         if self._waiting:
-            _pool().submit(self._deflate_chunks, self._waiting)
+            _submit(self._deflate_chunks, self._waiting)
             self._waiting, self._waiting_bytes = [], 0
 
     def _deflate_chunks(self, chunks: list[np.ndarray]) -> None:
         try:
-            chunk = np.concatenate([c.reshape(-1).view(np.uint8) for c in chunks])
+            flat = [c.reshape(-1).view(np.uint8) for c in chunks]
+            chunk = flat[0] if len(flat) == 1 else np.concatenate(flat)
             self._parts.append(self._deflate.compress(chunk))
             self._crc = zlib.crc32(chunk, self._crc)
             self._size += chunk.nbytes
@@ -113,9 +118,10 @@ def npy_head(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 
 
 def write_zip(file: IO[bytes], members: dict[str, Deflated]) -> None:
-    """Writes `members` (name -> member, in order) as a zip archive to the binary `file`,
-    from its start: what zipfile writes of deflated members, zip64 only where needed."""
-    directory, offset = [], 0
+    """Writes `members` (name -> member, in order) as a zip archive to the binary `file`
+    from where it stands: what zipfile writes of deflated members, zip64 only where
+    needed, offsets counted from the file's start (as zipfile counts them)."""
+    directory, offset = [], _position(file)
     for name, member in members.items():
         encoded, size = name.encode(), sum(len(part) for part in member.parts)
         big = max(member.size, size) >= ZIP64_FROM  # both sizes go in the local zip64 extra
@@ -129,6 +135,14 @@ def write_zip(file: IO[bytes], members: dict[str, Deflated]) -> None:
         directory.append(_central(encoded, member, size, offset))
         offset += len(local) + size
     _write_directory(file, directory, offset)
+
+
+def _position(file: IO[bytes]) -> int:
+    """Where `file` stands: 0 for a stream that cannot tell."""
+    try:
+        return file.tell()
+    except (AttributeError, OSError):
+        return 0
 
 
 def _central(name: bytes, member: Deflated, size: int, offset: int) -> bytes:
@@ -187,19 +201,41 @@ def _times(a: int, b: int) -> int:
         b = (b >> 1) ^ 0xEDB88320 if b & 1 else b >> 1
 
 
-def _pool() -> ThreadPoolExecutor:
-    """The one worker thread every stream deflates on (started when first wanted)."""
+def _submit(fn, *args) -> Future:
+    """`fn(*args)` on the one worker thread every stream deflates on (started when first
+    wanted), after every job submitted before; run here and now once the interpreter is
+    shutting down (an `atexit` handler's save), when no thread may start."""
     global _worker
     with _worker_lock:
         if _worker is None:
             _worker = ThreadPoolExecutor(1, thread_name_prefix="numbakv-deflate")
-        return _worker
+        try:
+            return _worker.submit(fn, *args)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            _worker.shutdown(wait=True)  # what it has queued goes first
+            done: Future = Future()
+            done.set_result(fn(*args))
+            return done
 
 
-def _after_fork() -> None:
-    """A forked child has no worker thread, and perhaps a lock its parent held."""
+def _before_fork() -> None:
+    """Empties the worker's queue before a fork: a child starts with every stream's
+    chunks deflated and no deflate half done (its parent's worker does not go with it)."""
+    _worker_lock.acquire()
+    if _worker is not None:
+        with contextlib.suppress(RuntimeError):  # shut down: its queue is empty
+            _worker.submit(int).result()
+
+
+def _after_fork_in_parent() -> None:
+    _worker_lock.release()
+
+
+def _after_fork_in_child() -> None:
     global _worker, _worker_lock
     _worker, _worker_lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)

@@ -1,7 +1,7 @@
 """`Recorder.save` writes the members `np.savez_compressed` writes, in its order and byte for
-byte once inflated, though its columns go out chunk by chunk, never joined; only the
-deflate level differs (`COMPRESS_LEVEL`). A path without .npz gets it, as numpy's does, and
-a file numpy wrote at its own level still loads."""
+byte once inflated, though its columns were deflated chunk by chunk as they grew; only the
+deflate level differs (`zip_stream.LEVEL`). A path without .npz gets it, as numpy's does,
+and a file numpy wrote at its own level still loads."""
 
 import io
 import zipfile
