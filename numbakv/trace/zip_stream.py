@@ -54,7 +54,7 @@ class Stream:
     worker thread in the order appended."""
 
     def __init__(self):
-        self._deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)  # raw: no zlib header
+        self._deflate = None  # zlib's state (256 KiB), made when the first chunk is deflated
         self._parts: list[bytes] = []
         self._crc = self._size = 0
         self._error: BaseException | None = None
@@ -92,14 +92,19 @@ class Stream:
         try:
             flat = [c.reshape(-1).view(np.uint8) for c in chunks]
             chunk = flat[0] if len(flat) == 1 else np.concatenate(flat)
-            self._parts.append(self._deflate.compress(chunk))
+            self._parts.append(self._compressor().compress(chunk))
             self._crc = zlib.crc32(chunk, self._crc)
             self._size += chunk.nbytes
         except BaseException as error:  # raised by `finish`, on the caller's thread
             self._error = self._error or error
 
     def _end(self) -> tuple[list[bytes], int, int]:
-        return [*self._parts, self._deflate.copy().flush()], self._crc, self._size
+        return [*self._parts, self._compressor().copy().flush()], self._crc, self._size
+
+    def _compressor(self):
+        if self._deflate is None:
+            self._deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)  # raw: no zlib header
+        return self._deflate
 
 
 def deflated(array: np.ndarray) -> Deflated:
