@@ -51,7 +51,8 @@ def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> CellIndex:
     rules = TableRules(config, a)
     rules.name_first()
     seen = rules.seen
-    return CellIndex(a, seen.previous, seen.change_owners(), (seen.shared, seen.owners))
+    owners = (seen.shared, seen.owners)
+    return CellIndex(a, seen.previous, seen.change_owners(), owners, rules.frames)
 
 
 def _first(bad: np.ndarray) -> int | None:

@@ -46,11 +46,16 @@ class CellIndex:
                 checks counted them (None otherwise)
     owners    : ([k] int64 the changes to SHARED, [k, words] uint64 the owners each leaves
                 its cell), as the trace's checks found them (None otherwise)
+
+    `frames` and `previous` are computed here unless given (the trace's checks give theirs).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], previous=None, n_owners=None, owners=None):
+    def __init__(
+        self, arrays: dict[str, np.ndarray], previous=None, n_owners=None, owners=None, frames=None
+    ):
         self.cells, self.n_owners, self.owners = arrays["delta_cells"], n_owners, owners
-        self.frames, self.n_frames = change_frames(arrays), len(arrays["events"])
+        self.frames = change_frames(arrays) if frames is None else frames
+        self.n_frames = len(arrays["events"])
         self.previous = previous_changes(arrays) if previous is None else previous
 
     def frame_of(self, changes: np.ndarray) -> np.ndarray:

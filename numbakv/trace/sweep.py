@@ -14,7 +14,7 @@ import numpy as np
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace.scan import id_bits, owner_bits, table_at, toggle_ids
+from numbakv.trace.scan import change_frames, id_bits, owner_bits, table_at, toggle_ids
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ class TableRules:
 
     def __init__(self, config: CacheConfig, a: dict[str, np.ndarray]):
         self.config, self.a, self.n_frames = config, a, len(a["events"])
-        self.frames = np.repeat(np.arange(self.n_frames), np.diff(a["delta_offsets"]))
+        self.frames = change_frames(a)
         self.toggled = np.repeat(np.arange(len(self.frames)), a["toggle_counts"])
         self.ids, self.gained = toggle_ids(a["toggle_seqs"])
         self.rules = self._ordered()
