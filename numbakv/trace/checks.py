@@ -51,7 +51,7 @@ def check_arrays(config: CacheConfig, a: dict[str, np.ndarray]) -> CellIndex:
     rules = TableRules(config, a)
     rules.name_first()
     seen = rules.seen
-    owners = (seen.shared, seen.owners)
+    owners = (seen.ended, seen.owners)
     return CellIndex(a, seen.previous, seen.change_owners(), owners, rules.frames)
 
 

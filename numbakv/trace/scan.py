@@ -44,8 +44,9 @@ class CellIndex:
     following : [n] int64, the same cell's change after each change, -1 for none
     n_owners  : [n] int64, how many owners each change leaves its cell, as the trace's
                 checks counted them (None otherwise)
-    owners    : ([k] int64 the changes to SHARED, [k, words] uint64 the owners each leaves
-                its cell), as the trace's checks found them (None otherwise)
+    owners    : ([k] int64 the changes to SHARED that a plain change follows, [k, words]
+                uint64 the owners each leaves its cell), as the trace's checks found them
+                (None otherwise)
 
     `frames` and `previous` are computed here unless given (the trace's checks give theirs).
     """

@@ -6,7 +6,6 @@ cell table's rules read off every change at once (`TableRules`, for
 """
 
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import pairwise
 
 import numpy as np
@@ -25,8 +24,11 @@ class Before:
     previous : [n] int64, each change's same-cell change before, -1 for none
     had      : [m] uint64, each toggle's bit of its cell's owners before its frame (0: the
                cell lacked the id)
-    shared   : [k] int64, the changes to SHARED; `owners` [k, words] uint64 the owners each
+    shared   : [k] int64, the changes to SHARED; `n_owners` [k] int64 how many owners each
                leaves its cell
+    ended    : [e] int64, those of them a plain change follows (it takes their owners away);
+               `owners` [e, words] uint64 the owners each leaves its cell (a change to
+               SHARED followed by another keeps no set: at 1 024 ids a set is 128 bytes)
     step     : [rows] int64, the last change of each step row's cell after its frame
     top      : [end] int64, the last change of cell read_len - 1 after each frame (-1: none)
     drops    : [d] int64, the frames after which a cell in [read_len, the read_len before)
@@ -38,17 +40,14 @@ class Before:
     previous: np.ndarray
     had: np.ndarray
     shared: np.ndarray
+    n_owners: np.ndarray
+    ended: np.ndarray
     owners: np.ndarray
     step: np.ndarray
     top: np.ndarray
     drops: np.ndarray
     pos: np.ndarray
     codes: np.ndarray
-
-    @cached_property
-    def n_owners(self) -> np.ndarray:
-        """[k] int64: how many owners each change to SHARED leaves its cell."""
-        return np.bitwise_count(self.owners).sum(axis=1, dtype=np.int64)
 
     def change_owners(self) -> np.ndarray:
         """[n] int64: how many owners each change leaves its cell."""
@@ -73,8 +72,9 @@ def sweep(
     m = int(np.searchsorted(toggled, n))  # the toggles of those frames' changes
     bits = _SharedBits(arrays, lasts, codes, n_words, toggled[:m], ids[:m])
     bits.run()
-    return Before(lasts.previous, bits.had, bits.shared, bits.owners, lasts.step, lasts.top,
-                  np.array(lasts.drops, dtype=np.int64), lasts.pos, codes)  # fmt: skip
+    return Before(lasts.previous, bits.had, bits.shared, bits.n_owners, bits.ended, bits.owners,
+                  lasts.step, lasts.top, np.array(lasts.drops, dtype=np.int64), lasts.pos,
+                  codes)  # fmt: skip
 
 
 def owned_cells(
@@ -87,16 +87,21 @@ def owned_cells(
     each change's frame; `toggled`, `ids`, `gained`: each toggle's change, id, gain."""
     n, m, end = len(before.previous), len(before.had), len(before.top)
     frames, codes, was = frames[:n], before.codes[:n], before.codes[before.previous]
-    lost = np.flatnonzero((codes != SHARED) & (was == SHARED))
-    sets = before.owners[np.searchsorted(before.shared, before.previous[lost])]
-    rows, lost_ids = owner_bits(sets)
-    gets, loses = np.flatnonzero(codes >= 0), np.flatnonzero((codes != SHARED) & (was >= 0))
     flips, gained = frames[toggled[:m]] * max_seqs + ids[:m], gained[:m]
-    up = np.concatenate([frames[gets] * max_seqs + codes[gets], flips[gained]])
-    down = np.concatenate([flips[~gained], frames[loses] * max_seqs + was[loses],
-                           frames[lost[rows]] * max_seqs + lost_ids])  # fmt: skip
-    owned = np.bincount(up, minlength=end * max_seqs) - np.bincount(down, minlength=end * max_seqs)
-    return np.cumsum(owned.reshape(end, max_seqs), axis=0)
+    gets = np.flatnonzero(codes >= 0)
+    # gains counted, then losses: each side's keys freed before the other's are made
+    owned = _counts(end * max_seqs, frames[gets] * max_seqs + codes[gets], flips[gained])
+    loses, lost = (np.flatnonzero((codes != SHARED) & w) for w in (was >= 0, was == SHARED))
+    rows, lost_ids = owner_bits(before.owners[np.searchsorted(before.ended, before.previous[lost])])
+    lost = frames[lost[rows]] * max_seqs + lost_ids
+    owned -= _counts(end * max_seqs, flips[~gained], frames[loses] * max_seqs + was[loses], lost)
+    owned = owned.reshape(end, max_seqs)
+    return np.cumsum(owned, axis=0, out=owned)  # in place: [end, max_seqs] int64 is big
+
+
+def _counts(size: int, *keys: np.ndarray) -> np.ndarray:
+    """[size] int64: how often each key of all of `keys` occurs."""
+    return np.bincount(np.concatenate(keys), minlength=size)
 
 
 class _Lasts:
@@ -135,12 +140,15 @@ class _SharedBits:
     """`sweep`'s second pass: the owner bits of each cell a frame changes to SHARED (`table`
     [cells, words] uint64, `flat` the same in one row), set from the plain change before
     it when not shared before, then flipped by its toggles; what each toggle found
-    (`had`) and the bits each change to SHARED (`shared`) leaves (`owners`)."""
+    (`had`), how many owners each change to SHARED (`shared`) leaves (`n_owners`) and the
+    bits those a plain change follows (`ended`) leave (`owners`)."""
 
     def __init__(self, a: dict[str, np.ndarray], lasts: _Lasts, codes: np.ndarray, n_words: int,
                  toggled: np.ndarray, ids: np.ndarray):  # fmt: skip
         cells, n = lasts.cells, len(lasts.previous)
         self.shared = np.flatnonzero(codes[:n] == SHARED)
+        plain = lasts.previous[codes[:n] != SHARED]
+        self.ended = np.sort(plain[(plain >= 0) & (codes[plain] == SHARED)])
         was = codes[lasts.previous[self.shared]]  # what each change to SHARED found
         fresh = self.shared[was != SHARED]  # shared anew: set from the change before
         words, self.t_bits = id_bits(ids)
@@ -149,28 +157,30 @@ class _SharedBits:
         words, self.g_bits = id_bits(codes[lasts.previous[given]])
         self.g_flat = cells[given].astype(np.int64) * n_words + words
         self.f_cells, self.s_cells = cells[fresh], cells[self.shared]
+        self.e_cells = cells[self.ended]
         offsets = a["delta_offsets"][: len(lasts.bounds) + 1]
-        bounds = [
-            np.searchsorted(k, offsets).tolist() for k in (self.shared, toggled, fresh, given)
-        ]
+        kinds = (self.shared, toggled, fresh, given, self.ended)
+        bounds = [np.searchsorted(k, offsets).tolist() for k in kinds]
         self.bounds = [
             b for b in zip(*(pairwise(x) for x in bounds), strict=True) if b[0][1] > b[0][0]
         ]
         self.table = np.zeros((len(lasts.last), n_words), dtype=np.uint64)
         self.flat = self.table.reshape(-1)
         self.had = np.empty(len(toggled), np.uint64)
-        self.owners = np.empty((len(self.shared), n_words), dtype=np.uint64)
+        self.n_owners = np.empty(len(self.shared), dtype=np.int64)
+        self.owners = np.empty((len(self.ended), n_words), dtype=np.uint64)
 
     def run(self) -> None:
         """Every frame that changes a cell to SHARED, in turn."""
         table, flat, t_flat, t_bits = self.table, self.flat, self.t_flat, self.t_bits
-        for (s0, s1), (t0, t1), (f0, f1), (g0, g1) in self.bounds:
+        for (s0, s1), (t0, t1), (f0, f1), (g0, g1), (e0, e1) in self.bounds:
             table[self.f_cells[f0:f1]] = 0
             flat[self.g_flat[g0:g1]] = self.g_bits[g0:g1]
             if t1 > t0:
                 self.had[t0:t1] = flat[t_flat[t0:t1]] & t_bits[t0:t1]
                 np.bitwise_xor.at(flat, t_flat[t0:t1], t_bits[t0:t1])
-            self.owners[s0:s1] = table[self.s_cells[s0:s1]]
+            self.n_owners[s0:s1] = np.bitwise_count(table[self.s_cells[s0:s1]]).sum(axis=1)
+            self.owners[e0:e1] = table[self.e_cells[e0:e1]]
 
 
 class TableRules:
@@ -229,7 +239,7 @@ class TableRules:
         n, m = len(seen.previous), len(seen.had)
         ids, gained, toggled, frames = self.ids, self.gained, self.toggled[:m], self.frames[:n]
         had = np.flatnonzero((seen.had != 0) == gained[:m])
-        was = seen.codes[seen.previous]
+        was = seen.codes[seen.previous]  # not kept: a message reads it again if it must
         same = (seen.pos[:n] == seen.pos[seen.previous]) & (seen.codes[:n] == was)
         same = np.flatnonzero(same & (self.a["toggle_counts"][:n] == 0))
         few = np.flatnonzero(seen.n_owners < 2)
@@ -238,7 +248,8 @@ class TableRules:
                 f"frame {f} {'gives' if gained[t] else 'takes'} cell {cells[toggled[t]]} "
                 f"owner {ids[t]}, which it {'has' if seen.had[t] else 'lacks'} already")),
             _rule(frames[same], same, lambda f, i: (
-                f"frame {f} frees cell {cells[i]}, which was never occupied" if was[i] == FREE
+                f"frame {f} frees cell {cells[i]}, which was never occupied"
+                if seen.codes[seen.previous[i]] == FREE
                 else f"frame {f} records cell {cells[i]} changing to the state it had")),
             _rule(frames[seen.shared[few]], few, lambda f, k: (
                 f"frame {f}'s toggles leave cell {cells[seen.shared[k]]} {seen.n_owners[k]} "

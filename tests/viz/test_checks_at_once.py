@@ -76,23 +76,28 @@ def test_damaged_tables_are_refused_as_the_replay_refuses_them(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_good_trace_is_accepted_with_what_each_change_found(seed):
-    """The changes by cell the checks leave the trace: each change's change before, and the
-    owners it leaves its cell (a bitset for a change to SHARED), as a replay finds them."""
+    """The changes by cell the checks leave the trace: each change's change before, how
+    many owners it leaves its cell, and the owner bitset a change to SHARED leaves when a
+    plain change follows it (and takes those owners away), as a replay finds them."""
     trace = fuzz.record(seed)
     a, config = trace.arrays, trace.config
     assert frame_by_frame(config, a) is None
     index = checks.check_arrays(config, a)
     np.testing.assert_array_equal(index.previous, previous_changes(a))
+    codes = a["delta_codes"]
+    over = index.previous[codes != SHARED]  # what each plain change follows
+    ended = np.sort(over[(over >= 0) & (codes[over] == SHARED)])
+    np.testing.assert_array_equal(index.owners[0], ended)
     replay = TableReplay(a, int(a["read_len"].max(initial=0)) + 1, config.n_owner_words)
-    offsets, shared = a["delta_offsets"], 0
+    offsets, kept = a["delta_offsets"], 0
     for f in range(trace.n_frames):
         owners = replay.owners[replay.apply(f)]
-        changes = slice(offsets[f], offsets[f + 1])
+        changes = np.arange(offsets[f], offsets[f + 1])
         np.testing.assert_array_equal(index.n_owners[changes], np.bitwise_count(owners).sum(1))
-        to_shared = owners[a["delta_codes"][changes] == SHARED]
-        np.testing.assert_array_equal(index.owners[1][shared : shared + len(to_shared)], to_shared)
-        shared += len(to_shared)
-    assert shared == len(index.owners[0])
+        sets = owners[np.isin(changes, ended)]
+        np.testing.assert_array_equal(index.owners[1][kept : kept + len(sets)], sets)
+        kept += len(sets)
+    assert kept == len(ended)
 
 
 # -- the oracle: numbakv 1.0's replay, frame by frame -----------------------------------
