@@ -79,10 +79,8 @@ def owner_pixels(
     shape = (len(cell_edges) - 1, n_groups + 2)
     sums = _Integrals(group, starts, ends, shape, step_edges, step_bin)
     total, shared = sums.of(np.ones_like(sums.labels)), sums.of(sums.labels == n_groups)
-    label = _majority_labels(sums, total)
-    label = np.select(
-        [label == n_groups, label == n_groups + 1, total == 0], [SHARED, CACHED, FREE], label
-    )
+    label = _named(_majority_labels(sums, total), n_groups)
+    label[total == 0] = FREE
     if progress is not None:
         progress(steps[1] - steps[0], steps[1] - steps[0])
     area = np.outer(np.diff(step_edges), np.diff(cell_edges))
@@ -147,6 +145,19 @@ def _majority_labels(sums: "_Integrals", total: np.ndarray) -> np.ndarray:
     return np.where(real & (2 * held > total), best, MIXED)
 
 
+def _counted(codes: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Labels counted per pixel of cells' `codes` (an id, SHARED or CACHED) and their id's
+    `group` where they have one: the group, n_groups for SHARED, n_groups + 1 for CACHED
+    (`_named` turns them back)."""
+    return np.where(codes >= 0, group, np.where(codes == SHARED, n_groups, n_groups + 1))
+
+
+def _named(label: np.ndarray, n_groups: int) -> np.ndarray:
+    """Pixel labels (a group, MIXED, SHARED, CACHED) from labels counted as a group below
+    `n_groups`, n_groups for SHARED, n_groups + 1 for CACHED (or MIXED)."""
+    return np.select([label == n_groups, label == n_groups + 1], [SHARED, CACHED], label)
+
+
 def _stretches(
     trace: Trace, owners: Owners, cells: tuple[int, int], steps: tuple[int, int], cell_bin: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -169,8 +180,7 @@ def _stretches(
     cuts = np.sort(ids * span + moved + 1)
     which, starts, ends = _cut(starts, ends, cuts, np.maximum(codes, 0) * span)
     codes, n_groups = codes[which], len(owners.labels)
-    special = np.where(codes == SHARED, n_groups, n_groups + 1)  # SHARED or CACHED
-    labels = np.where(codes >= 0, groups[starts, np.maximum(codes, 0)], special)
+    labels = _counted(codes, groups[starts, np.maximum(codes, 0)], n_groups)
     cols = (at[kept[which]].astype(np.int64) - cells[0]) // cell_bin
     return cols, labels.astype(np.int64), starts, ends
 
@@ -209,8 +219,7 @@ def _majority(
     np.maximum.at(best, pixel, sums)
     won = (sums == best[pixel]) & (2 * sums > total[pixel])
     out = np.full(len(area), MIXED, dtype=np.int64)
-    name = np.where(label == n_groups, SHARED, np.where(label > n_groups, CACHED, label))
-    out[pixel[won]] = name[won]
+    out[pixel[won]] = _named(label[won], n_groups)
     out[total == 0] = FREE
     shared = np.bincount(pixel[label == n_groups], sums[label == n_groups], len(area))
     return total / area, shared / area, out
@@ -226,8 +235,7 @@ def table_pixels(
     code = codes[inside].astype(np.int64)
     held = code != FREE
     n_labels = int(seq_groups.max(initial=0)) + 3
-    special = np.where(code == SHARED, n_labels - 2, n_labels - 1)
-    label = np.where(code >= 0, seq_groups[np.maximum(code, 0)], special)[held]
+    label = _counted(code, seq_groups[np.maximum(code, 0)], n_labels - 2)[held]
     key = (inside[held] - cells[0]) // cell_bin * n_labels + label
     key, sums = np.unique(key, return_counts=True)
     pixel, label = key // n_labels, key % n_labels

@@ -201,10 +201,10 @@ class _Kept:
         """Sets cells to what a batch's reads say: [n] `cells` (each frame's distinct, frames
         in order), their [n] int32 `pos` and owner `codes` and [n, words] uint64 `owners`.
         Compares each read with what its cell held before it (the batch's read of the cell
-        before, else the table here): ([n] bool whether it changed, [k] int64 the flat
-        indices into `owners` of the words that changed in the reads coded SHARED,
-        ascending, [k] uint64 those words' changed bits). A read coded otherwise changed
-        its owners exactly when it changed its code, so only SHARED reads compare words."""
+        before, else the table here): ([n] bool whether it changed, and of each owner word
+        that changed in a read coded SHARED, in order: [k] int64 its read, [k] int64 its
+        word, [k] uint64 its changed bits). A read coded otherwise changed its owners
+        exactly when it changed its code, so only SHARED reads compare words."""
         order = np.argsort(cells, kind="stable")  # by cell, then frame
         by_cell = cells[order]
         first, last = np.ones(len(cells), dtype=bool), np.ones(len(cells), dtype=bool)
@@ -228,7 +228,7 @@ class _Kept:
         self._pos[held], self._codes[held] = pos[at], codes[at]
         at = at[codes[at] == SHARED]
         self._owners[cells[at]] = mine[at]
-        return changed, shared[reads] * owners.shape[1] + word, diff[words]
+        return changed, shared[reads], word, diff[words]
 
     def _was(
         self, cells: np.ndarray, codes: np.ndarray, before: np.ndarray, mine: np.ndarray
@@ -253,8 +253,8 @@ def _encode(pending: _Pending, kept: _Kept, n_changes: int, n_rows: int) -> list
     events, read_len, rows = (np.array(x) for x in zip(*pending.frames, strict=True))
     cells, pos, owners = (np.concatenate(x) for x in zip(*pending.cells, strict=True))
     codes = owner_codes(owners)
-    changed, words, bits = kept.swap(cells, pos, codes, owners)
-    flips, toggle_seqs = _flips(owners, words, bits)
+    changed, *words = kept.swap(cells, pos, codes, owners)
+    flips, toggle_seqs = _flips(owners, *words)
     ends = np.cumsum([len(reads[0]) for reads in pending.cells])
     done = np.concatenate([[0], np.cumsum(changed)])[ends]  # each frame's changes end there
     changed = np.flatnonzero(changed)
@@ -270,18 +270,17 @@ def _encode(pending: _Pending, kept: _Kept, n_changes: int, n_rows: int) -> list
     ]  # fmt: skip
 
 
-def _flips(owners: np.ndarray, words: np.ndarray, bits: np.ndarray) -> tuple:
+def _flips(owners: np.ndarray, reads: np.ndarray, words: np.ndarray, bits: np.ndarray) -> tuple:
     """([n] int32 how many owner bits each read flips, [t] int32 each flip: toggle_seqs, s
     where the read's cell gains owner s, ~s where it loses s, by read then id) of the
-    reads' changed owner words: flat indices `words` into `owners` ([n, words] uint64,
-    after), ascending, and `bits` ([k] uint64), the bits each changed."""
+    reads' changed owner words ([k] each, by read then word): each one's read and word in
+    `owners` ([n, words] uint64, after) and `bits` ([k] uint64), the bits it changed."""
     n_bits = np.bitwise_count(bits)
     flip = np.repeat(np.arange(len(words)), n_bits)  # each flipped bit's word, in order
     bit = _bits(bits, np.cumsum(n_bits) - n_bits, len(flip))
-    at = words[flip]
-    gained = (owners.ravel()[at] >> bit.astype(np.uint64)) & np.uint64(1)
-    reads, ids = np.divmod(at, owners.shape[1])
-    ids = 64 * ids + bit
+    reads, words = reads[flip], words[flip]
+    gained = (owners[reads, words] >> bit.astype(np.uint64)) & np.uint64(1)
+    ids = 64 * words + bit
     seqs = np.where(gained == 1, ids, ~ids).astype(np.int32)
     return np.bincount(reads, minlength=len(owners)).astype(np.int32), seqs
 

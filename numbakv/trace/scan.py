@@ -259,20 +259,10 @@ def owner_spans(
     at the last frame). Of a checked trace (`index` with its owners): each (cell, id)
     gains and loses in turn; a plain change or a toggle gives, a toggle or a plain change
     over the cell's owners (the one before, or the set a change to SHARED left) takes."""
-    codes, cells, previous = arrays["delta_codes"], arrays["delta_cells"], index.previous
+    codes, cells = arrays["delta_codes"], arrays["delta_cells"]
     toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
     ids, gained = toggle_ids(arrays["toggle_seqs"])
-    over = np.flatnonzero((codes != SHARED) & (previous >= 0))  # over the owners before
-    was = codes[previous[over]]
-    shared, owners = index.owners
-    rows, set_ids = owner_bits(owners[np.searchsorted(shared, previous[over[was == SHARED]])])
-    events = [  # (id, change, gains)
-        (codes[codes >= 0], np.flatnonzero(codes >= 0), 1),
-        (ids[gained], toggled[gained], 1),
-        (ids[~gained], toggled[~gained], 0),
-        (was[was >= 0], over[was >= 0], 0),
-        (set_ids, over[was == SHARED][rows], 0),
-    ]
+    events = owner_events(codes, index.previous, toggled, ids, gained, *index.owners)
     shift, cell_bits = max(len(codes), 1).bit_length(), _cell_bits(arrays)
     # keys of (id, cell, change, gains) in bits
     keys = [(((i.astype(np.int64) << cell_bits | cells[c]) << shift | c) << 1) | g
@@ -286,6 +276,29 @@ def owner_spans(
     ends = np.where(lost, ends, -1)
     starts, ends = index.frames[change], index.frame_of(ends)
     return pair >> cell_bits, pair & ((1 << cell_bits) - 1), starts, ends
+
+
+def owner_events(
+    codes: np.ndarray, previous: np.ndarray, toggled: np.ndarray, ids: np.ndarray,
+    gained: np.ndarray, ended: np.ndarray, owners: np.ndarray,
+) -> list[tuple[np.ndarray, np.ndarray, int]]:  # fmt: skip
+    """(ids, changes, gains) [k] each, of five kinds: every owner a change gives its cell
+    (gains 1) or takes from it (0). A plain change gives its one id and takes the owners
+    before it: the one a plain change left, or the set a change to SHARED left (`owners`
+    [e, words] uint64, of the changes `ended` [e], ascending); a toggle gives or takes its
+    id. [n] `codes` and `previous` (the same cell's change before, -1 for none); [m]
+    `toggled`, `ids`, `gained`: each toggle's change, id and gain."""
+    over = np.flatnonzero((codes != SHARED) & (previous >= 0))  # over the owners before
+    was = codes[previous[over]]
+    rows, set_ids = owner_bits(owners[np.searchsorted(ended, previous[over[was == SHARED]])])
+    gets = np.flatnonzero(codes >= 0)
+    return [
+        (codes[gets], gets, 1),
+        (ids[gained], toggled[gained], 1),
+        (ids[~gained], toggled[~gained], 0),
+        (was[was >= 0], over[was >= 0], 0),
+        (set_ids, over[was == SHARED][rows], 0),
+    ]
 
 
 def _cell_bits(arrays: dict[str, np.ndarray]) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace.scan import change_frames, id_bits, owner_bits, table_at, toggle_ids
+from numbakv.trace.scan import change_frames, id_bits, owner_events, table_at, toggle_ids
 
 
 @dataclass(frozen=True)
@@ -78,23 +78,20 @@ def sweep(
 
 
 def owned_cells(
-    arrays: dict[str, np.ndarray], before: Before, max_seqs: int,
+    before: Before, max_seqs: int,
     frames: np.ndarray, toggled: np.ndarray, ids: np.ndarray, gained: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """[end, max_seqs] int64: how many cells each id owns after each of the frames `before`
-    covers (`sweep`): every change's gains and losses summed, a plain change losing every
-    owner its cell had (a plain change's one, the set a change to SHARED left). `frames`:
-    each change's frame; `toggled`, `ids`, `gained`: each toggle's change, id, gain."""
+    covers (`sweep`): every change's gains and losses (`scan.owner_events`) summed.
+    `frames`: each change's frame; `toggled`, `ids`, `gained`: each toggle's change, id,
+    gain."""
     n, m, end = len(before.previous), len(before.had), len(before.top)
-    frames, codes, was = frames[:n], before.codes[:n], before.codes[before.previous]
-    flips, gained = frames[toggled[:m]] * max_seqs + ids[:m], gained[:m]
-    gets = np.flatnonzero(codes >= 0)
+    frames, codes = frames[:n], before.codes[:n]
+    events = owner_events(codes, before.previous, toggled[:m], ids[:m], gained[:m],
+                          before.ended, before.owners)  # fmt: skip
     # gains counted, then losses: each side's keys freed before the other's are made
-    owned = _counts(end * max_seqs, frames[gets] * max_seqs + codes[gets], flips[gained])
-    loses, lost = (np.flatnonzero((codes != SHARED) & w) for w in (was >= 0, was == SHARED))
-    rows, lost_ids = owner_bits(before.owners[np.searchsorted(before.ended, before.previous[lost])])
-    lost = frames[lost[rows]] * max_seqs + lost_ids
-    owned -= _counts(end * max_seqs, flips[~gained], frames[loses] * max_seqs + was[loses], lost)
+    owned = _counts(end * max_seqs, *(frames[c] * max_seqs + i for i, c, g in events if g))
+    owned -= _counts(end * max_seqs, *(frames[c] * max_seqs + i for i, c, g in events if not g))
     owned = owned.reshape(end, max_seqs)
     return np.cumsum(owned, axis=0, out=owned)  # in place: [end, max_seqs] int64 is big
 
@@ -259,7 +256,7 @@ class TableRules:
     def _dead(self) -> tuple:
         """Frames after which a sequence that is not live owns a cell."""
         a, toggles = self.a, (self.frames, self.toggled, self.ids, self.gained)
-        owned = owned_cells(a, self.seen, self.config.max_seqs, *toggles)
+        owned = owned_cells(self.seen, self.config.max_seqs, *toggles)
         dead = (owned > 0) & ~a["live"][: len(owned)]
         words = self.config.n_owner_words
         return np.flatnonzero(dead.any(axis=1)), lambda f: _dead_owner(a, f, dead[f], words)

@@ -78,7 +78,7 @@ class Stream:
         parts, crc, size = _submit(self._end).result()
         if self._error is not None:
             raise self._error
-        deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
+        deflate = _raw_deflate()
         first = deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH)
         crc = crc32_combine(zlib.crc32(head), crc, size)
         return Deflated([first, *parts], crc, len(head) + size)
@@ -103,8 +103,13 @@ class Stream:
 
     def _compressor(self):
         if self._deflate is None:
-            self._deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)  # raw: no zlib header
+            self._deflate = _raw_deflate()
         return self._deflate
+
+
+def _raw_deflate():
+    """A deflate stream at LEVEL, raw (no zlib header or trailer: zip's own)."""
+    return zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
 
 
 def deflated(array: np.ndarray) -> Deflated:
