@@ -321,7 +321,8 @@ class CellCache(Observable):
         capacity); ConfigError otherwise), copies: what a `Recorder` reads of the cells a
         verb touched (`touched_cells`)."""
         cells = check_cells(cells, self.config.capacity)
-        return self._table.pos[cells], self._table.owners[cells]
+        # np.take gathers rows several times faster than owners[cells] does
+        return self._table.pos[cells], np.take(self._table.owners, cells, axis=0)
 
     @locked
     def check_invariants(self) -> None:

@@ -128,7 +128,7 @@ class HostTable:
     def cells_state(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([n] int32 pos, [n, n_owner_words] uint64 owners) of `cells` ([n] ints in [0,
         capacity)), copies."""
-        return self._pos[cells], self._owners[cells]
+        return self._pos[cells], np.take(self._owners, cells, axis=0)  # rows: faster than [cells]
 
     def take_touched(self) -> np.ndarray:
         """[n] int32: every cell a verb or placement touched since the last call (repeats

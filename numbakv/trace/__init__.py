@@ -9,7 +9,7 @@ keeps it (numba-free). `Recorder`, `Trace` and `load_trace` are `numbakv`'s name
     checks    the invariants a trace's arrays and annotations hold
     sweep     the table swept once over every change: what each change found before it,
               and the table's rules read off all the changes at once (for checks)
-    free_runs the largest run of free cells, kept frame by frame
+    free_runs the largest run of free cells after each frame
     scan      figures computed from the recorded changes, never a table per frame
 """
 

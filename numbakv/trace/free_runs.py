@@ -1,128 +1,23 @@
-"""The longest run of free cells, kept as cells change (numba-free): `FreeRuns`, a segment
-tree over blocks of cells whose nodes hold the free run at their start, at their end and
-the longest inside. The tree is brought up to date only when the longest run can change;
-then changing k cells costs O(k + blocks changed x log n), vectorized a tree level at a
-time, so a trace's largest free run per frame (`largest_per_frame`, told only the cells
-each frame frees or takes) costs O(changes log cells), not O(frames x cells).
-"""
+"""The longest run of free cells after each frame of a trace (numba-free), from the cells
+each frame frees or takes, every frame at once.
 
-from itertools import pairwise
+A segment tree over 64-cell words: a node holds the free run at its start (HEAD), at its
+end (TAIL) and the longest inside (BEST). It is never built whole per frame: a level
+keeps an entry only for a (node, frame) where the node changed, keyed node * n_frames +
+frame and ascending, and a parent's entries come from its children's, each child read at
+its latest entry at or before the frame (a search of the level's keys). The leaves' words
+are the running XOR of the bits each frame flips, their runs read with bit arithmetic. So
+a trace costs a few dozen whole-array passes per level over O(flips) entries, not a numpy
+call per frame and level.
+"""
 
 import numpy as np
 
 from numbakv.core.snapshot import FREE
 
-HEAD, TAIL, BEST = 0, 1, 2  # a node's columns
-BLOCK = 64  # cells under a leaf: its runs come from its cells in one numpy pass
-FEW = 16  # nodes a level below which `set` climbs in Python
-
-
-class FreeRuns:
-    """Cells [0, n_cells), each free or not (all not free at first).
-
-    >>> runs = FreeRuns(8)
-    >>> runs.set(np.arange(2, 7), np.ones(5, dtype=bool))
-    >>> runs.set(np.array([4]), np.array([False]))
-    >>> runs.largest, runs.longest()
-    (2, (2, 4))
-    """
-
-    def __init__(self, n_cells: int):
-        n_blocks = -(-max(n_cells, 1) // BLOCK)
-        self.size = 1 << (n_blocks - 1).bit_length()  # leaves: a power of two
-        self.free = np.zeros((self.size, BLOCK), dtype=bool)  # [leaf, cell in it]
-        # node i's children are 2i and 2i + 1; leaf b is node size + b; node 1 is the root.
-        # Per node: the free cells at its start (HEAD), at its end (TAIL), its longest run
-        self.tree = np.zeros((2 * self.size, 3), dtype=np.int64)
-        self._children = self.tree.reshape(self.size, 2, 3)  # [i]: nodes 2i, 2i + 1 at once
-        self._stale: list[np.ndarray] = []  # blocks changed since the tree was brought up
-        self._best = (0, 0)  # [start, end) of the first longest run
-
-    @property
-    def largest(self) -> int:
-        """The longest run of consecutive free cells."""
-        return self._best[1] - self._best[0]
-
-    def longest(self) -> tuple[int, int]:
-        """[start, end) of the first longest run of free cells ((0, 0) when none is free)."""
-        return self._best
-
-    def set(self, cells: np.ndarray, free: np.ndarray) -> None:
-        """Cells `cells` ([k] ints in [0, n_cells), ascending, no repeats) are free where
-        `free` ([k] bool) is True, not free elsewhere."""
-        cells, flat = np.asarray(cells, dtype=np.int64), self.free.reshape(-1)
-        flips = flat[cells] != free  # only cells that change move their leaves
-        if not flips.any():
-            return
-        cells, freed = cells[flips], free[flips]
-        flat[cells] = freed
-        self._stale.append(_distinct(cells // BLOCK))
-        taken = cells[~freed]
-        start, end = self._best
-        # the longest run grows only when a cell is freed and shrinks only when one of its
-        # own is taken: otherwise it stands (and stays the first), and the tree waits
-        if freed.any() or ((taken >= start) & (taken < end)).any():
-            self._update(_distinct(np.sort(np.concatenate(self._stale))))
-            self._stale, self._best = [], self._find_longest()
-
-    def _find_longest(self) -> tuple[int, int]:
-        """[start, end) of the first longest run, down the tree from the root."""
-        tree, node, start = self.tree, 1, 0
-        span = self.size * BLOCK  # cells under `node`
-        best = int(tree[1, BEST])
-        if best == 0:
-            return 0, 0
-        while node < self.size:
-            span //= 2
-            left, right = tree[2 * node].tolist(), tree[2 * node + 1].tolist()
-            if left[BEST] == best:
-                node = 2 * node
-            elif left[TAIL] + right[HEAD] == best:  # across the middle
-                return start + span - left[TAIL], start + span - left[TAIL] + best
-            else:
-                node, start = 2 * node + 1, start + span
-        runs = _runs_ending(self.free[node - self.size][None])[0]
-        end = start + int(np.argmax(runs == best)) + 1  # the first run of `best` in the leaf
-        return end - best, end
-
-    def _update(self, blocks: np.ndarray) -> None:
-        """Leaves `blocks` (ascending, distinct) from their cells, then their ancestors."""
-        block_free = self.free[blocks]
-        runs = _runs_ending(block_free)
-        nodes = self.size + blocks
-        whole = runs[:, -1] == BLOCK
-        self.tree[nodes, HEAD] = np.where(whole, BLOCK, np.argmin(block_free, axis=1))
-        self.tree[nodes, TAIL] = runs[:, -1]
-        self.tree[nodes, BEST] = runs.max(axis=1)
-        span = BLOCK  # cells under a child at this level
-        while span < self.size * BLOCK:
-            if len(nodes) <= FEW:
-                return self._climb(nodes.tolist(), span)
-            nodes = _distinct(nodes >> 1)
-            kids = self._children[nodes]  # [k, 2 (left, right), 3]
-            left, right = kids[:, 0], kids[:, 1]
-            up = np.empty((len(nodes), 3), dtype=np.int64)
-            up[:, HEAD] = left[:, HEAD] + (left[:, HEAD] == span) * right[:, HEAD]
-            up[:, TAIL] = right[:, TAIL] + (right[:, TAIL] == span) * left[:, TAIL]
-            up[:, BEST] = np.maximum(
-                np.maximum(left[:, BEST], right[:, BEST]), left[:, TAIL] + right[:, HEAD]
-            )
-            self.tree[nodes] = up
-            span *= 2
-
-    def _climb(self, nodes: list[int], span: int) -> None:
-        """`_update`'s climb for a few nodes, in Python ints: cheaper than numpy calls there."""
-        tree = self.tree
-        while span < self.size * BLOCK:
-            nodes = sorted({node >> 1 for node in nodes})
-            for node in nodes:
-                lh, lt, lb, rh, rt, rb = tree[2 * node : 2 * node + 2].ravel().tolist()
-                tree[node] = (
-                    lh + rh if lh == span else lh,
-                    rt + lt if rt == span else rt,
-                    max(lb, rb, lt + rh),
-                )
-            span *= 2
+WORD = 64  # cells under a leaf: bit i of its uint64 is its cell i, set while free
+_ALL = np.uint64(2**64 - 1)
+_ONE = np.uint64(1)
 
 
 def largest_per_frame(
@@ -131,24 +26,106 @@ def largest_per_frame(
     """[n_frames] int64: the longest run of free cells among a trace's allocated rows
     [0, rows) after each frame, from its changes: [n] `cells`, `codes`, `frames` and the
     same cell's change before each (`previous`, -1 for none); [n_frames] `rows`."""
-    runs, out = FreeRuns(int(rows.max(initial=0))), np.zeros(len(rows), dtype=np.int64)
-    bounds, cells, free = _flips(rows.astype(np.int64), cells, codes == FREE, frames, previous)
-    for f, (start, end) in enumerate(pairwise(bounds)):
-        if end > start:
-            runs.set(cells[start:end], free[start:end])
-        out[f] = runs.largest
-    return out
+    flip_frames, flip_cells = _flips(rows.astype(np.int64), cells, codes == FREE, frames, previous)
+    return largest_after(flip_frames, flip_cells, len(rows), int(rows.max(initial=0)))
+
+
+def largest_after(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_cells: int) -> np.ndarray:
+    """[n_frames] int64: the longest run of free cells of [0, n_cells) after each frame,
+    every cell taken before frame 0 and each of [k] `cells` (ints) flipping, free to taken
+    or taken to free, at its entry of `frames` ([k] ints in [0, n_frames), ascending; a
+    cell at most once a frame)."""
+    if len(cells) == 0:
+        return np.zeros(n_frames, dtype=np.int64)
+    n_nodes = 1 << (-(-max(n_cells, 1) // WORD) - 1).bit_length()  # leaves: a power of two
+    frames, cells = np.asarray(frames, np.int64), np.asarray(cells, np.int64)
+    keys, runs = _leaves(frames, cells, n_frames, n_nodes)
+    span = WORD  # cells under a node of the level
+    while n_nodes > 1:
+        keys, runs = _parents(keys, runs, n_frames, span)
+        n_nodes, span = n_nodes // 2, 2 * span
+    latest = np.full(n_frames, -1, dtype=np.int64)  # the root's entry in force at each frame
+    latest[keys] = np.arange(len(keys))
+    np.maximum.accumulate(latest, out=latest)
+    return np.where(latest >= 0, runs[2][latest], 0)
+
+
+def _leaves(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_leaves: int) -> tuple:
+    """(keys, (head, tail, best)) [e] int64 each: an entry per (leaf, frame) where the leaf's
+    cells flip, keyed leaf * n_frames + frame ascending, with the runs of its word after it."""
+    leaf = cells >> 6
+    # numpy sorts 16-bit keys by radix: the flips are by frame already, stably by leaf then
+    order = np.argsort(leaf.astype(np.uint16) if n_leaves <= 1 << 16 else leaf, kind="stable")
+    keys = leaf[order] * n_frames + frames[order]
+    bits = np.left_shift(_ONE, (cells[order] & 63).astype(np.uint64))
+    first = _starts(keys)
+    words = np.bitwise_xor.accumulate(np.bitwise_xor.reduceat(bits, first))
+    keys = keys[first]
+    # a leaf's word: the running XOR less what the leaves before it left
+    leaf_first = _starts(keys // n_frames)
+    sizes = np.diff(leaf_first, append=len(keys))
+    before = np.append(np.uint64(0), words)[np.repeat(leaf_first, sizes)]
+    return keys, _word_runs(words ^ before)
+
+
+def _word_runs(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([k] int64 head, tail, best) of [k] uint64 `words`: the set bits from bit 0 up, from
+    bit 63 down, and the longest run of set bits."""
+    head = np.bitwise_count((~words & (words + _ONE)) - _ONE)  # the bits below the lowest 0
+    smeared = ~words  # its highest set bit smeared down: 64 - its bits = the 1s above it
+    for shift in (1, 2, 4, 8, 16, 32):
+        smeared |= smeared >> np.uint64(shift)
+    tail = WORD - np.bitwise_count(smeared).astype(np.int64)
+    # runs[j]: bit i set where bits i .. i + 2^j - 1 all are; the longest run found by
+    # adding the largest 2^j that still leaves a bit set, from 32 down
+    runs = [words]
+    for shift in (1, 2, 4, 8, 16):
+        runs.append(runs[-1] & (runs[-1] >> np.uint64(shift)))
+    at, best = np.full(len(words), _ALL), np.zeros(len(words), dtype=np.uint64)
+    for j in range(5, -1, -1):
+        longer = at & (runs[j] >> best)
+        hit = longer != 0
+        at = np.where(hit, longer, at)
+        best += hit.astype(np.uint64) << np.uint64(j)
+    best = np.where(words == _ALL, WORD, best.astype(np.int64))
+    return head.astype(np.int64), tail, best
+
+
+def _parents(keys: np.ndarray, runs: tuple, n_frames: int, span: int) -> tuple:
+    """(keys, runs) of the level above `keys` ([e] node * n_frames + frame, ascending, with
+    their `runs`, `span` cells a node): an entry per (parent, frame) where a child changed,
+    from each child's latest entry at or before the frame (none: all its cells taken)."""
+    # a parent's keys are two ascending runs (its left child's, its right's): timsort merges
+    parents = np.sort((keys // n_frames >> 1) * n_frames + keys % n_frames, kind="stable")
+    parents = parents[_starts(parents)]
+    children = (parents // n_frames * 2) * n_frames + parents % n_frames
+    (lh, lt, lb), (rh, rt, rb) = (
+        _latest(keys, runs, child, n_frames) for child in (children, children + n_frames)
+    )
+    head = lh + (lh == span) * rh
+    tail = rt + (rt == span) * lt
+    best = np.maximum(np.maximum(lb, rb), lt + rh)
+    return parents, (head, tail, best)
+
+
+def _latest(keys: np.ndarray, runs: tuple, wanted: np.ndarray, n_frames: int) -> tuple:
+    """The runs of each node of `wanted` ([p] node * n_frames + frame) at its latest entry
+    in `keys` at or before that frame; 0s where it has none."""
+    at = np.searchsorted(keys, wanted, side="right") - 1
+    found = (at >= 0) & (keys[np.maximum(at, 0)] >= wanted - wanted % n_frames)
+    at = np.maximum(at, 0)
+    return tuple(np.where(found, column[at], 0) for column in runs)
 
 
 def _flips(
     rows: np.ndarray, cells: np.ndarray, now_free: np.ndarray, frames: np.ndarray,
     previous: np.ndarray,
-) -> tuple[list[int], np.ndarray, np.ndarray]:  # fmt: skip
-    """(bounds [n_frames + 1], cells [k] int64, free [k] bool): the cells of the allocated
-    rows each frame frees or takes, frame f's [bounds[f], bounds[f + 1]), ascending. A cell
-    is free for placement once the rows reach it, while its code is FREE (`now_free` [n]
-    bool after each change): a change below the rows before its frame counts when it frees
-    or takes its cell; the cells the rows grow by (rows never shrink) count when free."""
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(frame, cell) [k] int64 each, by frame then cell: the cells of the allocated rows each
+    frame frees or takes (each flips its cell). A cell is free for placement once the rows
+    reach it, while its code is FREE (`now_free` [n] bool after each change): a change
+    below the rows before its frame counts when it frees or takes its cell; the cells the
+    rows grow by (rows never shrink) count when free."""
     allocated = np.append(0, rows[:-1])  # each frame's rows before it
     was_free = np.append(now_free, True)[previous]
     flips = (cells < allocated[frames]) & (was_free != now_free)
@@ -159,20 +136,11 @@ def _flips(
     new_keys = new_frames * span + new_cells
     taken = frames[~now_free] * span + cells[~now_free]  # ascending
     new_keys = new_keys[~np.isin(new_keys, taken, assume_unique=True)]  # taken at once: no
-    keys = np.concatenate([(frames[flips] * span + cells[flips]) * 2 + now_free[flips],
-                           new_keys * 2 + 1])  # fmt: skip
+    keys = np.concatenate([frames[flips] * span + cells[flips], new_keys])
     keys.sort()
-    bounds = np.searchsorted(keys, np.arange(len(rows) + 1) * span * 2).tolist()
-    return bounds, (keys >> 1) % span, (keys & 1).astype(bool)
+    return np.divmod(keys, span)
 
 
-def _runs_ending(free: np.ndarray) -> np.ndarray:
-    """[k, BLOCK] int64: the free run ending at each cell of `free` ([k, BLOCK] bool blocks),
-    0 at a cell that is not free."""
-    at = np.arange(BLOCK)
-    return at - np.maximum.accumulate(np.where(free, -1, at), axis=1)
-
-
-def _distinct(ascending: np.ndarray) -> np.ndarray:
-    """`ascending` ([k] ints, sorted) without repeats."""
-    return ascending[np.append(True, ascending[1:] != ascending[:-1])]
+def _starts(ascending: np.ndarray) -> np.ndarray:
+    """[g] int64: where each run of equal values of `ascending` ([k] ints) starts."""
+    return np.flatnonzero(np.append(True, ascending[1:] != ascending[:-1]))

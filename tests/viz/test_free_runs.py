@@ -1,78 +1,106 @@
-"""`FreeRuns` (the largest free run kept as cells change, its tree brought up to date only
-when that run can change) against a scan of every cell after every change, on random and
-adversarial changes: few cells at a time (its Python climb) and many (numpy); and a
-trace's largest free run per frame against a scan of each frame's table, on random
-workloads."""
-
-from unittest.mock import patch
+"""The largest free run after each frame (`largest_after`: a segment tree over 64-cell
+words, every frame at once) against a scan of every cell after every frame, on random and
+adversarial flips; a word's runs against its bits; and a trace's largest free run per
+frame against a scan of each frame's table, on random workloads."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numbakv import Recorder
 from numbakv.reference import CellCache
-from numbakv.trace.free_runs import FreeRuns
+from numbakv.trace.free_runs import _word_runs, largest_after
 from numbakv.trace.scan import largest_free_run
 
 from helpers import churn, small_config, step_with
 
 
 def longest_run(free: np.ndarray) -> int:
-    return first_longest(free)[1] - first_longest(free)[0]
-
-
-def first_longest(free: np.ndarray) -> tuple[int, int]:
-    """[start, end) of the first longest run of True in `free`, scanned cell by cell."""
-    best, start = (0, 0), 0
-    for cell, is_free in enumerate(free.tolist()):
-        start = start if is_free else cell + 1
-        if is_free and cell + 1 - start > best[1] - best[0]:
-            best = (start, cell + 1)
+    """The longest run of True in `free`, scanned cell by cell."""
+    best = run = 0
+    for is_free in free.tolist():
+        run = run + 1 if is_free else 0
+        best = max(best, run)
     return best
 
 
-@settings(max_examples=80, deadline=None)
-@given(
-    data=st.data(),
-    n_cells=st.integers(1, 300),
-    block=st.sampled_from([1, 4, 64]),  # cells under a leaf: the tree 1 to 9 levels high
-    few=st.sampled_from([0, 3, 16, 1 << 20]),  # numpy levels, Python climb or both
-)
-def test_the_largest_run_is_the_scanned_one(data, n_cells, block, few):
-    with patch.multiple("numbakv.trace.free_runs", BLOCK=block, FEW=few):
-        check_random_changes(data, n_cells)
+def largest_by_scan(n_cells: int, frames: list[list[int]]) -> list[int]:
+    """The longest free run after each frame, every cell taken at first and each frame's
+    cells flipping, scanned cell by cell."""
+    free, out = np.zeros(n_cells, dtype=bool), []
+    for cells in frames:
+        free[cells] = ~free[cells]
+        out.append(longest_run(free))
+    return out
 
 
-def check_random_changes(data, n_cells: int) -> None:
-    runs, free = FreeRuns(n_cells), np.zeros(n_cells, dtype=bool)
-    for _ in range(data.draw(st.integers(1, 12))):
-        cells = data.draw(st.sets(st.integers(0, n_cells - 1), max_size=n_cells))
-        cells = np.array(sorted(cells), dtype=np.int64)
-        value = np.array(data.draw(st.lists(st.booleans(), min_size=len(cells),
-                                            max_size=len(cells))), dtype=bool)  # fmt: skip
-        runs.set(cells, value)
-        free[cells] = value
-        assert runs.largest == longest_run(free)
-        assert runs.longest() == first_longest(free)
+def as_flips(frames: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(frame, cell) of each flip, by frame then cell: what `largest_after` takes."""
+    pairs = [(f, c) for f, cells in enumerate(frames) for c in sorted(cells)]
+    return (
+        tuple(np.array(x, dtype=np.int64).reshape(-1) for x in zip(*pairs, strict=True))
+        if pairs
+        else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n_cells=st.integers(1, 600))
+def test_the_largest_run_after_each_frame_is_the_scanned_one(data, n_cells):
+    # up to 10 leaves of 64 cells: every level of the tree, and frames that flip nothing
+    n_frames = data.draw(st.integers(1, 12))
+    cell = st.integers(0, n_cells - 1)
+    frames = [sorted(data.draw(st.sets(cell, max_size=n_cells))) for _ in range(n_frames)]
+    got = largest_after(*as_flips(frames), n_frames, n_cells)
+    assert got.tolist() == largest_by_scan(n_cells, frames)
 
 
 def test_runs_across_every_node_boundary():
     n = 1 << 10
-    runs, free = FreeRuns(n), np.zeros(n, dtype=bool)
+    free, frames = np.zeros(n, dtype=bool), []
     rng = np.random.default_rng(0)
     for size in (1, 2, 3, 63, 64, 65, 511, 512, 513, 1024):
         for start in (0, 1, n // 2 - 1, n - size):
             cells = np.arange(start, min(start + size, n))
             for value in (True, False):
-                runs.set(cells, np.full(len(cells), value))
+                frames.append(cells[free[cells] != value].tolist())
                 free[cells] = value
-                assert runs.largest == longest_run(free)
-                assert runs.longest() == first_longest(free)
         holes = np.unique(rng.integers(0, n, 40))
-        runs.set(holes, np.zeros(len(holes), dtype=bool))
+        frames.append(holes[free[holes]].tolist())
         free[holes] = False
-        assert runs.largest == longest_run(free)
+    got = largest_after(*as_flips(frames), len(frames), n)
+    assert got.tolist() == largest_by_scan(n, frames)
+
+
+def test_a_pool_of_more_leaves_than_16_bits_count():
+    # over 2^16 leaves: the flips are sorted by leaf without numpy's radix sort
+    n = (1 << 22) + 3 * 64
+    frames = [[0, 1, n - 1], [n - 2, n - 3, 1 << 21], [1, n - 3], list(range(5, 200))]
+    got = largest_after(*as_flips([sorted(f) for f in frames]), len(frames), n)
+    free, expect = np.zeros(n, dtype=bool), []
+    for cells in frames:
+        free[cells] = ~free[cells]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], free.astype(np.int8), [0]])))
+        expect.append(int(np.max(edges[1::2] - edges[::2], initial=0)))
+    assert got.tolist() == expect == [2, 3, 2, 195]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_words_runs_are_its_bits(seed):
+    rng = np.random.default_rng(seed)
+    special = [0, 2**64 - 1, 1, 1 << 63, 0x5555555555555555, (2**64 - 1) >> 1, 2**64 - 2,
+               0xFFFF0000FFFF0000, 0x00000000FFFFFFFF, 0x7FFFFFFFFFFFFFFE]  # fmt: skip
+    holes = ~(np.uint64(1) << rng.integers(0, 64, 50).astype(np.uint64))  # one cell taken
+    random = rng.integers(0, 2**64 - 1, 200, dtype=np.uint64, endpoint=True)
+    words = np.concatenate([np.array(special, dtype=np.uint64), random, holes])
+    head, tail, best = _word_runs(words)
+    for w, h, t, b in zip(words.tolist(), head.tolist(), tail.tolist(), best.tolist(), strict=True):
+        bits = [(w >> i) & 1 for i in range(64)]
+        free = np.array(bits, dtype=bool)
+        runs = "".join(map(str, bits))
+        assert (h, t, b) == (len(runs) - len(runs.lstrip("1")), len(runs) - len(runs.rstrip("1")),
+                             longest_run(free)), hex(w)  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None)

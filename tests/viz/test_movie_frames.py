@@ -36,11 +36,11 @@ def frames_of(path) -> list[np.ndarray]:
 def test_the_frames_are_funcanimations(trace, tmp_path, monkeypatch, dpi, options):
     drawn = movie._frames
 
-    def animate_then_draw(fig, ax, dpi, show, titles):
+    def animate_then_draw(fig, ax, show, titles):
         """The movie as FuncAnimation saves it, from the same figure, then the frames."""
         animation = FuncAnimation(fig, show, frames=len(titles))
         animation.save(tmp_path / "want.gif", writer=PillowWriter(fps=options.get("fps", 8)))
-        return drawn(fig, ax, dpi, show, titles)
+        return drawn(fig, ax, show, titles)
 
     monkeypatch.setattr(movie, "_frames", animate_then_draw)
     save_movie(trace, tmp_path / "got.gif", dpi=dpi, **options)
