@@ -42,7 +42,7 @@ class CellIndex:
     previous  : [n] int64, the same cell's change before each change, -1 for none (as the
                 trace's checks found it, `numbakv.trace.sweep`; else from a sort by cell)
     following : [n] int64, the same cell's change after each change, -1 for none
-    n_owners  : [n] int64, how many owners each change leaves its cell, as the trace's
+    n_owners  : [n] int32, how many owners each change leaves its cell, as the trace's
                 checks counted them (None otherwise)
     owners    : ([k] int64 the changes to SHARED that a plain change follows, [k, words]
                 uint64 the owners each leaves its cell), as the trace's checks found them

@@ -5,6 +5,7 @@ cell table's rules read off every change at once (`TableRules`, for
 `numbakv.trace.checks`).
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -15,6 +16,8 @@ from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.scan import change_frames, id_bits, owner_events, table_at, toggle_ids
 
+OWNED_AT_ONCE = 1 << 20  # (frame, id) counts `owned_cells` makes at a time: 8 MiB
+
 
 @dataclass(frozen=True)
 class Before:
@@ -22,7 +25,7 @@ class Before:
     what some cells hold after a frame (`sweep`); n: their changes, m: their toggles.
 
     previous : [n] int64, each change's same-cell change before, -1 for none
-    had      : [m] uint64, each toggle's bit of its cell's owners before its frame (0: the
+    had      : [m] bool, each toggle's bit of its cell's owners before its frame (False: the
                cell lacked the id)
     shared   : [k] int64, the changes to SHARED; `n_owners` [k] int64 how many owners each
                leaves its cell
@@ -50,8 +53,8 @@ class Before:
     codes: np.ndarray
 
     def change_owners(self) -> np.ndarray:
-        """[n] int64: how many owners each change leaves its cell."""
-        n_owners = (self.codes[:-1] >= 0).astype(np.int64)
+        """[n] int32: how many owners each change leaves its cell."""
+        n_owners = (self.codes[:-1] >= 0).astype(np.int32)
         n_owners[self.shared] = self.n_owners
         return n_owners
 
@@ -80,25 +83,38 @@ def sweep(
 def owned_cells(
     before: Before, max_seqs: int,
     frames: np.ndarray, toggled: np.ndarray, ids: np.ndarray, gained: np.ndarray,
-) -> np.ndarray:  # fmt: skip
-    """[end, max_seqs] int64: how many cells each id owns after each of the frames `before`
-    covers (`sweep`): every change's gains and losses (`scan.owner_events`) summed.
+) -> Iterator[tuple[int, np.ndarray]]:  # fmt: skip
+    """(f0, [k, max_seqs] int64) blocks, in order: how many cells each id owns after each
+    frame f0 .. f0 + k - 1 of those `before` covers (`sweep`), every change's gains and
+    losses (`scan.owner_events`) summed; a block holds OWNED_AT_ONCE counts or one frame.
     `frames`: each change's frame; `toggled`, `ids`, `gained`: each toggle's change, id,
     gain."""
     n, m, end = len(before.previous), len(before.had), len(before.top)
     frames, codes = frames[:n], before.codes[:n]
     events = owner_events(codes, before.previous, toggled[:m], ids[:m], gained[:m],
                           before.ended, before.owners)  # fmt: skip
-    # gains counted, then losses: each side's keys freed before the other's are made
-    owned = _counts(end * max_seqs, *(frames[c] * max_seqs + i for i, c, g in events if g))
-    owned -= _counts(end * max_seqs, *(frames[c] * max_seqs + i for i, c, g in events if not g))
-    owned = owned.reshape(end, max_seqs)
-    return np.cumsum(owned, axis=0, out=owned)  # in place: [end, max_seqs] int64 is big
+    events = [(*_by_change(c, i), 1 if g else -1) for i, c, g in events]
+    owned, step = np.zeros((1, max_seqs), dtype=np.int64), max(OWNED_AT_ONCE // max_seqs, 1)
+    for f0 in range(0, end, step):
+        f1 = min(f0 + step, end)
+        first, stop = np.searchsorted(frames, [f0, f1])  # the block's changes
+        counts = np.zeros((f1 - f0) * max_seqs, dtype=np.int64)
+        for changes, who, sign in events:
+            lo, hi = np.searchsorted(changes, [first, stop])
+            keys = (frames[changes[lo:hi]] - f0) * max_seqs + who[lo:hi]
+            counts += sign * np.bincount(keys, minlength=len(counts))
+        counts = counts.reshape(-1, max_seqs)
+        counts[0] += owned[-1]
+        owned = np.cumsum(counts, axis=0, out=counts)
+        yield f0, owned
 
 
-def _counts(size: int, *keys: np.ndarray) -> np.ndarray:
-    """[size] int64: how often each key of all of `keys` occurs."""
-    return np.bincount(np.concatenate(keys), minlength=size)
+def _by_change(changes: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(changes, ids) of owner events, ordered by change (stably)."""
+    if (changes[1:] < changes[:-1]).any():
+        order = np.argsort(changes, kind="stable")
+        return changes[order], ids[order]
+    return changes, ids
 
 
 class _Lasts:
@@ -111,7 +127,7 @@ class _Lasts:
         offsets, steps = a["delta_offsets"][: end + 1], a["step_offsets"][: end + 1]
         n = int(offsets[-1])
         self.bounds = list(zip(pairwise(offsets.tolist()), pairwise(steps.tolist()), strict=True))
-        self.cells, self.changes = a["delta_cells"][:n], np.arange(n)
+        self.cells = a["delta_cells"][:n]
         self.pos = np.append(a["delta_pos"][:n], -1)
         self.step_cells = a["step_cells"][: int(steps[-1])]
         self.last = np.full(int(a["read_len"].max(initial=0)) + 1, -1, dtype=np.int64)
@@ -123,7 +139,7 @@ class _Lasts:
         last, cells, previous, step = self.last, self.cells, self.previous, self.step
         for f, ((c0, c1), (r0, r1)) in enumerate(self.bounds):
             previous[c0:c1] = last[cells[c0:c1]]
-            last[cells[c0:c1]] = self.changes[c0:c1]
+            last[cells[c0:c1]] = np.arange(c0, c1)
             if r1 > r0:
                 step[r0:r1] = last[self.step_cells[r0:r1]]
             now, was = read_len[f], read_len[f - 1] if f else 0
@@ -163,7 +179,7 @@ class _SharedBits:
         ]
         self.table = np.zeros((len(lasts.last), n_words), dtype=np.uint64)
         self.flat = self.table.reshape(-1)
-        self.had = np.empty(len(toggled), np.uint64)
+        self.had = np.empty(len(toggled), dtype=bool)
         self.n_owners = np.empty(len(self.shared), dtype=np.int64)
         self.owners = np.empty((len(self.ended), n_words), dtype=np.uint64)
 
@@ -174,7 +190,7 @@ class _SharedBits:
             table[self.f_cells[f0:f1]] = 0
             flat[self.g_flat[g0:g1]] = self.g_bits[g0:g1]
             if t1 > t0:
-                self.had[t0:t1] = flat[t_flat[t0:t1]] & t_bits[t0:t1]
+                self.had[t0:t1] = (flat[t_flat[t0:t1]] & t_bits[t0:t1]) != 0
                 np.bitwise_xor.at(flat, t_flat[t0:t1], t_bits[t0:t1])
             self.n_owners[s0:s1] = np.bitwise_count(table[self.s_cells[s0:s1]]).sum(axis=1)
             self.owners[e0:e1] = table[self.e_cells[e0:e1]]
@@ -235,7 +251,7 @@ class TableRules:
         seen, cells = self.seen, self.a["delta_cells"]
         n, m = len(seen.previous), len(seen.had)
         ids, gained, toggled, frames = self.ids, self.gained, self.toggled[:m], self.frames[:n]
-        had = np.flatnonzero((seen.had != 0) == gained[:m])
+        had = np.flatnonzero(seen.had == gained[:m])
         was = seen.codes[seen.previous]  # not kept: a message reads it again if it must
         same = (seen.pos[:n] == seen.pos[seen.previous]) & (seen.codes[:n] == was)
         same = np.flatnonzero(same & (self.a["toggle_counts"][:n] == 0))
@@ -256,10 +272,12 @@ class TableRules:
     def _dead(self) -> tuple:
         """Frames after which a sequence that is not live owns a cell."""
         a, toggles = self.a, (self.frames, self.toggled, self.ids, self.gained)
-        owned = owned_cells(self.seen, self.config.max_seqs, *toggles)
-        dead = (owned > 0) & ~a["live"][: len(owned)]
+        dead = [
+            f0 + np.flatnonzero(((owned > 0) & ~a["live"][f0 : f0 + len(owned)]).any(axis=1))
+            for f0, owned in owned_cells(self.seen, self.config.max_seqs, *toggles)
+        ]
         words = self.config.n_owner_words
-        return np.flatnonzero(dead.any(axis=1)), lambda f: _dead_owner(a, f, dead[f], words)
+        return np.concatenate([np.zeros(0, np.int64), *dead]), lambda f: _dead_owner(a, f, words)
 
     def _extent(self) -> list:
         """An occupied cell at or past read_len (changed, or left where read_len fell);
@@ -317,9 +335,11 @@ def _past(a: dict[str, np.ndarray], f: int, n_words: int) -> int:
     return int(occupied[occupied >= read_len][0])
 
 
-def _dead_owner(a: dict[str, np.ndarray], f: int, dead: np.ndarray, n_words: int) -> str:
-    """Names the lowest id `dead` ([max_seqs] bool) marks and its first cell after frame f."""
+def _dead_owner(a: dict[str, np.ndarray], f: int, n_words: int) -> str:
+    """Names the lowest id that owns a cell after frame f while not live, and its first
+    cell (the table replayed to frame f, `table_at`)."""
     owners = table_at(a, f, int(a["read_len"].max(initial=0)) + 1, n_words)[1]
-    s = int(np.flatnonzero(dead)[0])
+    held = np.unpackbits(np.bitwise_or.reduce(owners, axis=0).view(np.uint8), bitorder="little")
+    s = int(np.flatnonzero(held[: len(a["live"][f])].astype(bool) & ~a["live"][f])[0])
     cell = int(np.flatnonzero(owners[:, s // 64] & (np.uint64(1) << np.uint64(s % 64)))[0])
     return f"cell {cell} is owned by sequence {s} at frame {f} while that sequence is not live"

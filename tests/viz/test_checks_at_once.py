@@ -9,7 +9,7 @@ import pytest
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace import checks
+from numbakv.trace import checks, sweep
 from numbakv.trace.scan import TableReplay, id_bits, owner_bits, previous_changes
 
 import trace_variants as fuzz
@@ -60,8 +60,11 @@ def damaged(arrays: dict, rng: np.random.Generator) -> dict:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_damaged_tables_are_refused_as_the_replay_refuses_them(seed):
+def test_damaged_tables_are_refused_as_the_replay_refuses_them(seed, monkeypatch):
     trace = fuzz.record(seed)
+    # owned cells counted for every frame at once, one frame at a time, or three
+    blocks = [sweep.OWNED_AT_ONCE, 1, 3 * trace.config.max_seqs][seed % 3]
+    monkeypatch.setattr(sweep, "OWNED_AT_ONCE", blocks)
     rng = np.random.default_rng(seed)
     refused = 0
     for _ in range(300):
