@@ -11,6 +11,7 @@ among thousands still lights its pixel.
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from .holders import CACHED, cell_changes, change_index
 from .owners import MIXED, Owners
 
 PAIRS_PER_BLOCK = 1 << 22  # a recorded mask's (token, cell) pairs enumerated at a time
+STRETCHES_AT_ONCE = 1 << 21  # changes a range of owner pixels' columns is summed over at a time
 
 
 @dataclass(frozen=True)
@@ -68,23 +70,36 @@ def owner_pixels(
     `cell_bin` cells per column and `step_bin` steps per row. Cells past a step's read_len
     are free; a cell only `owners.holders` hold is CACHED, and holders sharing a cell with
     running sequences leave it to them. Each change holds its cell's code over a stretch
-    of steps (`_stretches`); what a pixel holds is a sum over the stretches of a column
+    of steps (`_Held`); what a pixel holds is a sum over the stretches of a column
     (`_Integrals`), and its majority, if any, the label whose every bit is its pixel's
     majority bit: O(changes log changes + pixels * label bits), never a [steps, cells]
-    array. `progress(done, total)`, when given, hears the steps drawn done (all at once)."""
+    array. The columns are summed a range at a time, each over about STRETCHES_AT_ONCE
+    changes or one column, so the memory the stretches take is bounded at any length.
+    `progress(done, total)`, when given, hears the steps drawn done (all at once)."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
-    n_groups = len(owners.labels)  # labels: the groups, then SHARED, then CACHED
-    cols, labels, starts, ends = _stretches(trace, owners, cells, steps, cell_bin)
-    group = cols * (n_groups + 2) + labels
-    shape = (len(cell_edges) - 1, n_groups + 2)
-    sums = _Integrals(group, starts, ends, shape, step_edges, step_bin)
-    total, shared = sums.of(np.ones_like(sums.labels)), sums.of(sums.labels == n_groups)
-    label = _named(_majority_labels(sums, total), n_groups)
-    label[total == 0] = FREE
+    held = _Held(trace, owners, steps)
+    parts = [
+        _range_pixels(held, columns, cell_bin, step_edges, step_bin)
+        for columns in held.ranges(cells, cell_bin, STRETCHES_AT_ONCE)
+    ]
+    total, shared, label = (np.concatenate(x, axis=1) for x in zip(*parts, strict=True))
     if progress is not None:
         progress(steps[1] - steps[0], steps[1] - steps[0])
     area = np.outer(np.diff(step_edges), np.diff(cell_edges))
     return OwnerPixels(cell_edges, step_edges, total / area, shared / area, label)
+
+
+def _range_pixels(held: "_Held", cells: tuple[int, int], cell_bin: int, step_edges, step_bin: int):
+    """([rows, cols] float64 cell-steps held, of them shared, [rows, cols] int64 label) of
+    the columns of cells [cells[0], cells[1]), `cell_bin` cells each."""
+    n_groups = held.n_groups  # labels: the groups, then SHARED, then CACHED
+    cols, labels, starts, ends = held.stretches(cells, cell_bin)
+    shape = (-(-(cells[1] - cells[0]) // cell_bin), n_groups + 2)
+    sums = _Integrals(cols * shape[1] + labels, starts, ends, shape, step_edges, step_bin)
+    total, shared = sums.of(np.ones_like(sums.labels)), sums.of(sums.labels == n_groups)
+    label = _named(_majority_labels(sums, total), n_groups)
+    label[total == 0] = FREE
+    return total, shared, label
 
 
 class _Integrals:
@@ -158,31 +173,48 @@ def _named(label: np.ndarray, n_groups: int) -> np.ndarray:
     return np.select([label == n_groups, label == n_groups + 1], [SHARED, CACHED], label)
 
 
-def _stretches(
-    trace: Trace, owners: Owners, cells: tuple[int, int], steps: tuple[int, int], cell_bin: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(column, label, start, end) [k] int64 each: every stretch of steps [start, end) within
-    `steps` during which a cell of `cells` holds one visible code (`cell_changes`), cut
-    where an id's group changes; label: the id's group (`Owners.labels`), then
-    len(labels) for SHARED and len(labels) + 1 for CACHED."""
-    changes = cell_changes(trace, owners.holders)
-    index = change_index(trace, changes)
-    clock = np.append(trace.frame_steps, trace.n_steps)  # [n_frames]: after the last
-    at, codes = changes["delta_cells"], changes["codes"]
-    kept = np.flatnonzero((codes != FREE) & (at >= cells[0]) & (at < cells[1]))
-    starts = np.maximum(clock[index.frames[kept]], steps[0])
-    ends = np.minimum(clock[index.frame_of(index.following[kept])], steps[1])
-    kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
-    codes = codes[kept].astype(np.int64)
-    groups = owners.seq_groups[trace.step_frames]  # [n_steps, max_seqs]: each id's group
-    moved, ids = np.nonzero(groups[1:] != groups[:-1])  # id's group changes at step moved + 1
-    span = trace.n_steps + 1
-    cuts = np.sort(ids * span + moved + 1)
-    which, starts, ends = _cut(starts, ends, cuts, np.maximum(codes, 0) * span)
-    codes, n_groups = codes[which], len(owners.labels)
-    labels = _counted(codes, groups[starts, np.maximum(codes, 0)], n_groups)
-    cols = (at[kept[which]].astype(np.int64) - cells[0]) // cell_bin
-    return cols, labels.astype(np.int64), starts, ends
+class _Held:
+    """The stretches of steps [start, end) within `steps` during which a cell holds one
+    visible code (`cell_changes`), cut where an id's group changes, a range of cells at a
+    time (`stretches`); the trace's part of them (its changes, where the groups change)
+    made once."""
+
+    def __init__(self, trace: Trace, owners: Owners, steps: tuple[int, int]):
+        changes = cell_changes(trace, owners.holders)
+        self.index, self.steps = change_index(trace, changes), steps
+        self.at, self.codes = changes["delta_cells"], changes["codes"]
+        self.clock = np.append(trace.frame_steps, trace.n_steps)  # [n_frames]: after the last
+        self.groups = owners.seq_groups[trace.step_frames]  # [n_steps, max_seqs]: id's group
+        moved, ids = np.nonzero(self.groups[1:] != self.groups[:-1])  # changes at moved + 1
+        self.span, self.n_groups = trace.n_steps + 1, len(owners.labels)
+        self.cuts = np.sort(ids * self.span + moved + 1)
+
+    def ranges(self, cells: tuple[int, int], cell_bin: int, limit: int) -> list[tuple[int, int]]:
+        """[lo, hi) ranges covering `cells` in whole columns of `cell_bin` cells from
+        cells[0], each changed at most `limit` times (or one column)."""
+        lo, hi = cells
+        inside = self.at[(self.at >= lo) & (self.at < hi)]
+        per_column = np.bincount((inside - lo) // cell_bin, minlength=-(-(hi - lo) // cell_bin))
+        ends = np.cumsum(per_column)  # the changes up to each column
+        marks = np.arange(limit, ends[-1] if len(ends) else 0, limit)
+        cuts = np.unique(np.searchsorted(ends, marks)).tolist()  # a range starts there
+        return list(pairwise([lo, *(lo + cell_bin * c for c in cuts if c > 0), hi]))
+
+    def stretches(self, cells: tuple[int, int], cell_bin: int) -> tuple:
+        """(column, label, start, end) [k] int64 each: the stretches of the cells of `cells`
+        ([lo, hi)); column: from cells[0], `cell_bin` cells each; label: the id's group
+        (`Owners.labels`), then n_groups for SHARED and n_groups + 1 for CACHED."""
+        at, codes, index, steps = self.at, self.codes, self.index, self.steps
+        kept = np.flatnonzero((codes != FREE) & (at >= cells[0]) & (at < cells[1]))
+        starts = np.maximum(self.clock[index.frames[kept]], steps[0])
+        ends = np.minimum(self.clock[index.frame_of(index.following[kept])], steps[1])
+        kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
+        codes = codes[kept].astype(np.int64)
+        which, starts, ends = _cut(starts, ends, self.cuts, np.maximum(codes, 0) * self.span)
+        codes = codes[which]
+        labels = _counted(codes, self.groups[starts, np.maximum(codes, 0)], self.n_groups)
+        cols = (at[kept[which]].astype(np.int64) - cells[0]) // cell_bin
+        return cols, labels.astype(np.int64), starts, ends
 
 
 def _cut(

@@ -2,7 +2,8 @@
 to the prefix cache (an `insert` with held=True) is a holder until an annotation binds
 its id to a request again, a cell every owner of which is a holder is CACHED, and a cell
 a running request shares with holders keeps the request's colour; the pixels stay the
-cell-steps binned, and the event strip counts the prefix cache's events."""
+cell-steps binned (summed over all columns at once or a range of them at a time), and the
+event strip counts the prefix cache's events."""
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from numbakv import Recorder
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.reference import CellCache
 from numbakv.viz import owner_pixels, owners_of, plot_cells, plot_metrics, plot_timeline
+from numbakv.viz import pixels as viz_pixels
 from numbakv.viz.holders import CACHED, cell_changes, holder_table, table_codes
 from numbakv.viz.owners import CACHED_COLOUR, MIXED
 from numbakv.viz.panels import GREYS, KIND_COLOURS
@@ -221,7 +223,10 @@ def test_the_visible_changes_replay_every_frames_table(churned):
 
 @pytest.mark.parametrize("by", ["request", "seq"])
 @pytest.mark.parametrize(("cell_bin", "step_bin"), [(1, 1), (3, 4), (7, 2)])
-def test_cached_pixels_are_the_cell_steps_binned(churned, by, cell_bin, step_bin):
+@pytest.mark.parametrize("at_once", [viz_pixels.STRETCHES_AT_ONCE, 1, 40])  # columns summed ...
+def test_cached_pixels_are_the_cell_steps_binned(churned, by, cell_bin, step_bin, at_once,
+                                                 monkeypatch):  # fmt: skip
+    monkeypatch.setattr(viz_pixels, "STRETCHES_AT_ONCE", at_once)  # ... all at once, or in ranges
     trace = churned
     owners = owners_of(trace, by)
     holders = owners.holders
@@ -288,3 +293,16 @@ def test_the_event_strip_counts_the_prefix_caches_events(prefix):
     inside = [a.kind for a in trace.annotations if 3 <= a.step < 6]
     assert zoomed == {kind: inside.count(kind) for kind in trace.annotation_counts()}
     assert all(zoomed[kind] for kind in ("hit", "insert", "evict", "preempt", "resume"))
+
+
+@pytest.mark.parametrize("at_once", [1, 7, 60])
+def test_pixels_summed_in_column_ranges_are_those_summed_at_once(churned, at_once, monkeypatch):
+    trace, owners = churned, owners_of(churned)
+    n_cells, n_steps = int(trace.arrays["read_len"].max()), trace.n_steps
+    args = (trace, owners, (3, n_cells - 2), (1, n_steps), 2, 3)
+    whole = owner_pixels(*args)
+    monkeypatch.setattr(viz_pixels, "STRETCHES_AT_ONCE", at_once)
+    assert len(viz_pixels._Held(trace, owners, args[3]).ranges(args[2], 2, at_once)) > 1
+    ranged = owner_pixels(*args)
+    for name in ("cell_edges", "step_edges", "occupied", "shared", "label"):
+        np.testing.assert_array_equal(getattr(ranged, name), getattr(whole, name))
