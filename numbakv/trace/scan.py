@@ -11,11 +11,14 @@ of frames each cell has each owner (`owner_spans`); snapshots replay the table
 
 from collections.abc import Iterator
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.free_runs import largest_per_frame
+
+SPANS_AT_ONCE = 1 << 22  # owner events `sequence_runs` pairs up at a time (a range of ids)
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -233,41 +236,56 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, index: CellIndex
     """[n_frames, max_seqs] int32: how many maximal runs of consecutive cells each sequence
     owns after each frame (shared cells count for every owner; 0 = it owns none): the
     cells an id owns, less those whose cell before it owns too. Each a stretch of frames
-    (`owner_spans`), the second where stretches of neighbouring cells meet."""
-    ids, cells, starts, ends = owner_spans(arrays, index)
+    (`owner_spans`), the second where stretches of neighbouring cells meet. Counted a
+    range of ids at a time, each with about SPANS_AT_ONCE owner events (or one id), so
+    the memory it takes is bounded at any length."""
+    runs = np.empty((len(arrays["events"]), max_seqs), dtype=np.int32)
+    events = _owner_events_of(arrays, index)
+    per_id = sum(np.bincount(i, minlength=max_seqs) for i, _, _ in events)
+    marks = np.arange(SPANS_AT_ONCE, int(per_id.sum()), SPANS_AT_ONCE)
+    cuts = np.unique(np.searchsorted(np.cumsum(per_id), marks)).tolist()
+    for lo, hi in pairwise([0, *(c for c in cuts if c > 0), max_seqs]):
+        some = [(i[mine], c[mine], g) for i, c, g in events if (mine := (i >= lo) & (i < hi)).any()]
+        runs[:, lo:hi] = _runs(arrays, owner_spans(arrays, index, some), lo, hi)
+    return runs
+
+
+def _runs(arrays: dict[str, np.ndarray], spans: tuple, lo: int, hi: int) -> np.ndarray:
+    """[n_frames, hi - lo] int32: `sequence_runs` of ids [lo, hi) from their `spans`."""
+    ids, cells, starts, ends = spans
+    ids, width = ids - lo, hi - lo
     shift = (len(arrays["events"]) + 1).bit_length()  # (id, cell, frame) keys, ascending
     group = (ids << _cell_bits(arrays)) | cells
     left = (group - 1) << shift  # the stretches of the cell before, same id
-    lo = np.searchsorted((group << shift) | ends, left | starts, side="right")
-    n = np.searchsorted((group << shift) | starts, left | ends) - lo
+    first = np.searchsorted((group << shift) | ends, left | starts, side="right")
+    n = np.searchsorted((group << shift) | starts, left | ends) - first
     n = np.where(cells > 0, np.maximum(n, 0), 0)
     right = np.repeat(np.arange(len(n)), n)
-    before = np.arange(len(right)) - np.repeat(np.cumsum(n) - n - lo, n)
+    before = np.arange(len(right)) - np.repeat(np.cumsum(n) - n - first, n)
     met = np.maximum(starts[right], starts[before]), np.minimum(ends[right], ends[before])
-    size = (len(arrays["events"]) + 1) * max_seqs  # (frame, id) entries, one frame past
-    ups = np.concatenate([starts * max_seqs + ids, met[1] * max_seqs + ids[right]])
-    downs = np.concatenate([ends * max_seqs + ids, met[0] * max_seqs + ids[right]])
+    size = (len(arrays["events"]) + 1) * width  # (frame, id) entries, one frame past
+    ups = np.concatenate([starts * width + ids, met[1] * width + ids[right]])
+    downs = np.concatenate([ends * width + ids, met[0] * width + ids[right]])
     delta = np.bincount(ups, minlength=size) - np.bincount(downs, minlength=size)
-    return np.cumsum(delta.reshape(-1, max_seqs)[:-1], axis=0).astype(np.int32)
+    return np.cumsum(delta.reshape(-1, width)[:-1], axis=0).astype(np.int32)
 
 
 def owner_spans(
-    arrays: dict[str, np.ndarray], index: CellIndex
+    arrays: dict[str, np.ndarray], index: CellIndex, events: list | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(id, cell, start, end) [k] int64 each, ascending by id, cell, then start: every
     stretch of frames [start, end) during which a cell has that owner (end n_frames: still
     at the last frame). Of a checked trace (`index` with its owners): each (cell, id)
     gains and loses in turn; a plain change or a toggle gives, a toggle or a plain change
-    over the cell's owners (the one before, or the set a change to SHARED left) takes."""
-    codes, cells = arrays["delta_codes"], arrays["delta_cells"]
-    toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
-    ids, gained = toggle_ids(arrays["toggle_seqs"])
-    events = owner_events(codes, index.previous, toggled, ids, gained, *index.owners)
-    shift, cell_bits = max(len(codes), 1).bit_length(), _cell_bits(arrays)
+    over the cell's owners (the one before, or the set a change to SHARED left) takes.
+    `events`: the `owner_events` of some ids (every id's when None): their spans."""
+    cells = arrays["delta_cells"]
+    events = _owner_events_of(arrays, index) if events is None else events
+    shift, cell_bits = max(len(cells), 1).bit_length(), _cell_bits(arrays)
     # keys of (id, cell, change, gains) in bits
     keys = [(((i.astype(np.int64) << cell_bits | cells[c]) << shift | c) << 1) | g
             for i, c, g in events]  # fmt: skip
-    keys = np.concatenate(keys)
+    keys = np.concatenate([np.zeros(0, np.int64), *keys])
     keys.sort()  # each (id, cell)'s gains and losses in turn, a loss before a gain at once
     gain = np.flatnonzero(keys & 1)
     pair, after = keys[gain] >> (shift + 1), keys[np.minimum(gain + 1, len(keys) - 1)]
@@ -276,6 +294,14 @@ def owner_spans(
     ends = np.where(lost, ends, -1)
     starts, ends = index.frames[change], index.frame_of(ends)
     return pair >> cell_bits, pair & ((1 << cell_bits) - 1), starts, ends
+
+
+def _owner_events_of(arrays: dict[str, np.ndarray], index: CellIndex) -> list:
+    """`owner_events` of a checked trace's changes (`index` with its owners)."""
+    codes = arrays["delta_codes"]
+    toggled = np.repeat(np.arange(len(codes)), arrays["toggle_counts"])
+    ids, gained = toggle_ids(arrays["toggle_seqs"])
+    return owner_events(codes, index.previous, toggled, ids, gained, *index.owners)
 
 
 def owner_events(

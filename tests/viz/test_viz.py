@@ -8,6 +8,7 @@ from matplotlib.colors import to_rgb
 from numbakv import Recorder
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.reference import CellCache
+from numbakv.trace import scan
 from numbakv.viz import (
     owner_pixels,
     owners_of,
@@ -206,7 +207,9 @@ def test_metrics_on_one_clock_with_annotations(annotated):
     assert marks[:3] == [[0, 2], [1], [2]]
 
 
-def test_largest_free_run_and_locality_are_the_tables(annotated):
+@pytest.mark.parametrize("spans_at_once", [scan.SPANS_AT_ONCE, 1, 30])  # ids at once or a few
+def test_largest_free_run_and_locality_are_the_tables(annotated, spans_at_once, monkeypatch):
+    monkeypatch.setattr(scan, "SPANS_AT_ONCE", spans_at_once)
     trace = annotated
     free = trace.metrics()["largest_free"]
     runs = locality(trace)
