@@ -53,19 +53,33 @@ def largest_after(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_cells:
 def _leaves(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_leaves: int) -> tuple:
     """(keys, (head, tail, best)) [e] int64 each: an entry per (leaf, frame) where the leaf's
     cells flip, keyed leaf * n_frames + frame ascending, with the runs of its word after it."""
+    keys, words = _words(*_flip_bits(frames, cells, n_frames, n_leaves), n_frames)
+    return keys, _word_runs(words)
+
+
+def _flip_bits(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_leaves: int) -> tuple:
+    """([k] int64 key leaf * n_frames + frame, [k] uint64 the cell's bit in its leaf's word)
+    of each flip, by leaf then frame."""
     leaf = cells >> 6
     # numpy sorts 16-bit keys by radix: the flips are by frame already, stably by leaf then
     order = np.argsort(leaf.astype(np.uint16) if n_leaves <= 1 << 16 else leaf, kind="stable")
-    keys = leaf[order] * n_frames + frames[order]
-    bits = np.left_shift(_ONE, (cells[order] & 63).astype(np.uint64))
+    keys = leaf[order]
+    keys *= n_frames
+    keys += frames[order]
+    return keys, np.left_shift(_ONE, (cells[order] & 63).astype(np.uint64))
+
+
+def _words(keys: np.ndarray, bits: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """([e] distinct `keys`, [e] uint64 the leaf's word after the frame): the XOR of the
+    `bits` flipped at each key, then of every key of its leaf before it."""
     first = _starts(keys)
     words = np.bitwise_xor.accumulate(np.bitwise_xor.reduceat(bits, first))
     keys = keys[first]
     # a leaf's word: the running XOR less what the leaves before it left
     leaf_first = _starts(keys // n_frames)
     sizes = np.diff(leaf_first, append=len(keys))
-    before = np.append(np.uint64(0), words)[np.repeat(leaf_first, sizes)]
-    return keys, _word_runs(words ^ before)
+    words ^= np.append(np.uint64(0), words)[np.repeat(leaf_first, sizes)]
+    return keys, words
 
 
 def _word_runs(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,15 +141,16 @@ def _flips(
     below the rows before its frame counts when it frees or takes its cell; the cells the
     rows grow by (rows never shrink) count when free."""
     allocated = np.append(0, rows[:-1])  # each frame's rows before it
-    was_free = np.append(now_free, True)[previous]
-    flips = (cells < allocated[frames]) & (was_free != now_free)
+    below = cells < allocated.astype(np.int32)[frames]  # the cell was allocated before
+    flips = below & (np.append(now_free, True)[previous] != now_free)
     grown = rows - allocated
     new_frames = np.repeat(np.arange(len(rows)), grown)
     new_cells = np.arange(len(new_frames)) + np.repeat(allocated - np.cumsum(grown) + grown, grown)
     span = int(rows.max(initial=0)) + 1
     new_keys = new_frames * span + new_cells
-    taken = frames[~now_free] * span + cells[~now_free]  # ascending
-    new_keys = new_keys[~np.isin(new_keys, taken, assume_unique=True)]  # taken at once: no
+    taken = np.flatnonzero(~below & ~now_free)  # a cell the rows grew by, taken at once: no
+    taken = frames[taken] * span + cells[taken]  # ascending
+    new_keys = new_keys[~np.isin(new_keys, taken, assume_unique=True)]
     keys = np.concatenate([frames[flips] * span + cells[flips], new_keys])
     keys.sort()
     return np.divmod(keys, span)

@@ -95,11 +95,11 @@ def used_and_held(arrays: dict[str, np.ndarray], index: CellIndex) -> tuple[np.n
     """([n_frames] int64 occupied cells, [n_frames] int64 tokens held) after each frame;
     held - occupied is what sharing saves. `index`: the changes' `CellIndex`."""
     codes, n_owners, previous = arrays["delta_codes"], index.n_owners, index.previous
-    used = (codes != FREE).astype(np.int64)
-    d_used = used - np.append(used, 0)[previous]  # [-1]: before any change, nothing
-    d_held = n_owners - np.append(n_owners, 0)[previous]
-    n_frames = len(arrays["events"])
-    d_used, d_held = (np.bincount(index.frames, d, n_frames) for d in (d_used, d_held))
+    n_frames, used = len(arrays["events"]), codes != FREE
+    was = np.append(used, False)[previous]  # [-1]: before any change, nothing
+    d_used = (np.bincount(index.frames[used & ~was], minlength=n_frames)
+              - np.bincount(index.frames[was & ~used], minlength=n_frames))  # fmt: skip
+    d_held = np.bincount(index.frames, n_owners - np.append(n_owners, 0)[previous], n_frames)
     return np.cumsum(d_used).astype(np.int64), np.cumsum(d_held).astype(np.int64)
 
 
