@@ -2,7 +2,6 @@
 steps is drawn at the step it leads into): the metrics with the trace's annotations, and
 each sequence's locality."""
 
-import warnings
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -167,17 +166,10 @@ def plot_locality(
     mean runs over each pixel's steps (white: holds no cell)."""
     fig = new_figure(fig, (14, 4), dpi)
     s0, s1 = span(steps, need_steps(trace), "steps")
-    runs = locality(trace)[s0:s1].astype(np.float64)
-    held = np.where(runs > 0, runs, np.nan)
+    runs = locality(trace)[s0:s1]
     line_ax, map_ax = fig.subplots(1, 2, width_ratios=(1, 1.3))
     at = np.arange(s0, s1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: no sequence holds cells
-        figures = {
-            "mean": np.nanmean(held, axis=1),
-            "p90": nanpercentile_rows(held, 90),
-            "max": np.nanmax(held, axis=1),
-        }
+    figures = _held_lines(runs)
     for name, values in figures.items():
         line_ax.plot(at, values, label=name, drawstyle="steps-post")
     line_ax.set_xlabel("step")
@@ -196,7 +188,7 @@ def plot_locality(
     width -= 1.5 * bar.ax.get_tightbbox().width  # the colour bar takes its room beside it
     step_bin = bin_size(s1 - s0, width, None, "step bin")
     seq_bin = bin_size(runs.shape[1], height, None, "sequence bin")
-    binned = _mean_blocks(held, step_bin, seq_bin).T  # [sequence pixels, step pixels]
+    binned = _mean_blocks(runs, step_bin, seq_bin).T  # [sequence pixels, step pixels]
     image.set_data(binned)
     image.set_extent(
         (s0 - 0.5, s0 + binned.shape[1] * step_bin - 0.5, binned.shape[0] * seq_bin - 0.5, -0.5)
@@ -213,30 +205,51 @@ def plot_locality(
     return fig
 
 
+def _held_lines(runs: np.ndarray) -> dict[str, np.ndarray]:
+    """{"mean", "p90", "max"}: [steps] float64 each, over the ids holding cells at each step
+    of `runs` ([steps, ids] ints, 0: holds none), NaN where none does: numpy's nanmean,
+    nanpercentile and nanmax of the runs with 0 as NaN, figure for figure (sums of ints
+    are exact), without their [steps, ids] float copies."""
+    n = np.count_nonzero(runs, axis=1)
+    with np.errstate(invalid="ignore"):
+        mean = runs.sum(axis=1, dtype=np.int64) / n
+    ordered = np.sort(runs, axis=1)  # the 0s first: the values are the last n of a row
+    p90 = _percentile_sorted(ordered, runs.shape[1] - n, n, 90)
+    top = np.where(n > 0, ordered[:, -1] if runs.shape[1] else 0, np.nan)
+    return {"mean": mean, "p90": p90, "max": top.astype(np.float64)}
+
+
 def nanpercentile_rows(values: np.ndarray, q: float) -> np.ndarray:
     """[rows] float64: `np.nanpercentile(values, q, axis=1)` (its "linear" method) of [rows,
     k] float64 `values`, every row at once where numpy loops over them in Python: its
     virtual index and interpolation, so the same figures bit for bit; NaN for a row of
     NaNs."""
-    ordered = np.sort(values, axis=1)  # the NaNs last
     n = np.count_nonzero(~np.isnan(values), axis=1)
+    return _percentile_sorted(np.sort(values, axis=1), np.zeros_like(n), n, q)  # NaNs last
+
+
+def _percentile_sorted(ordered: np.ndarray, first: np.ndarray, n: np.ndarray, q: float):
+    """[rows] float64: the q-th percentile of the [rows] `n` values of each row of
+    `ordered` from its `first` on (ascending), as numpy's "linear" method finds it; NaN
+    for a row of none."""
     virtual = (n - 1) * np.true_divide(q, 100)
     below, top = np.floor(virtual), virtual >= n - 1  # top: numpy takes the last, twice
-    rows = np.arange(len(values))
-    a = ordered[rows, np.where(top, n - 1, below).astype(np.intp).clip(0)]
-    b = ordered[rows, np.where(top, n - 1, below + 1).astype(np.intp).clip(0)]
+    rows, last = np.arange(len(ordered)), np.maximum(first + n - 1, 0)
+    at = (first + np.where(top, n - 1, below), first + np.where(top, n - 1, below + 1))
+    a, b = (ordered[rows, np.clip(i.astype(np.intp), 0, last)].astype(np.float64) for i in at)
     gamma = virtual - np.where(top, -1, below)  # numpy's index -1 for the last
     diff = b - a
     out = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
     return np.where(n > 0, out, np.nan)
 
 
-def _mean_blocks(held: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """The NaN-ignoring mean of each `rows` x `cols` block of `held` (NaN: all NaN)."""
-    n, m = held.shape
-    padded = np.full((-(-n // rows) * rows, -(-m // cols) * cols), np.nan)
-    padded[:n, :m] = held
+def _mean_blocks(runs: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The mean of each `rows` x `cols` block of `runs` ([steps, ids] ints) over its entries
+    above 0, NaN where it has none: np.nanmean with 0 as NaN, figure for figure."""
+    n, m = runs.shape
+    padded = np.zeros((-(-n // rows) * rows, -(-m // cols) * cols), dtype=runs.dtype)
+    padded[:n, :m] = runs
     blocks = padded.reshape(len(padded) // rows, rows, -1, cols)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an empty block: NaN, drawn white
-        return np.nanmean(blocks, axis=(1, 3))
+    total = blocks.sum(axis=(1, 3), dtype=np.int64)
+    with np.errstate(invalid="ignore"):
+        return total / np.count_nonzero(blocks, axis=(1, 3))

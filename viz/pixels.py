@@ -24,7 +24,7 @@ from .holders import CACHED, cell_changes, change_index
 from .owners import MIXED, Owners
 
 PAIRS_PER_BLOCK = 1 << 22  # a recorded mask's (token, cell) pairs enumerated at a time
-STRETCHES_AT_ONCE = 1 << 21  # changes a range of owner pixels' columns is summed over at a time
+STRETCHES_AT_ONCE = 1 << 20  # changes a range of owner pixels' columns is summed over at a time
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.free_runs import largest_per_frame
 
-SPANS_AT_ONCE = 1 << 22  # owner events `sequence_runs` pairs up at a time (a range of ids)
+SPANS_AT_ONCE = 1 << 21  # owner events `sequence_runs` pairs up at a time (a range of ids)
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
