@@ -84,11 +84,17 @@ def request_table(bindings: np.ndarray, n_frames: int, max_seqs: int) -> np.ndar
     key = (starts * max_seqs + seqs)[::-1]
     last = len(key) - 1 - np.unique(key, return_index=True)[1]  # each (frame, id)'s last
     last = last[starts[last] < n_frames]
-    table = np.full((n_frames, max_seqs), -1, dtype=np.int64)
-    table[starts[last], seqs[last]] = requests[last]
-    since = np.where(table >= 0, np.arange(n_frames)[:, None], -1)
-    np.maximum.accumulate(since, axis=0, out=since)  # the frame of the binding in force
-    return np.where(since >= 0, table[np.maximum(since, 0), np.arange(max_seqs)], -1)
+    last = last[np.argsort(seqs[last], kind="stable")]  # by id, then frame
+    seq, start = seqs[last], starts[last]
+    again = np.append(seq[1:] == seq[:-1], False)  # the id's next binding ends it
+    end = np.where(again, np.append(start[1:], 0), n_frames)
+    lead = np.full(max_seqs, n_frames)  # each id unbound until its first binding
+    lead[seq[::-1]] = start[::-1]
+    # each id's column in turn: -1 while unbound, then each binding's request
+    order = np.argsort(np.append(2 * np.arange(max_seqs), 2 * seq + 1), kind="stable")
+    values = np.append(np.full(max_seqs, -1), requests[last])[order]
+    column = np.repeat(values, np.append(lead, end - start)[order])
+    return column.reshape(max_seqs, n_frames).T
 
 
 def used_and_held(arrays: dict[str, np.ndarray], index: CellIndex) -> tuple[np.ndarray, np.ndarray]:
