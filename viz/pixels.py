@@ -115,8 +115,10 @@ class _Integrals:
         keys = np.concatenate([(group * span + starts) * 2 + 1, (group * span + ends) * 2])
         keys.sort()
         at = keys >> 1
-        first = np.flatnonzero(np.append(True, at[1:] != at[:-1]))
-        counts = np.add.reduceat(np.where(keys & 1, 1, -1), first) if len(keys) else at
+        first = np.flatnonzero(np.diff(at, prepend=-1))  # where each (group, step) starts
+        # +1 a start, -1 an end, summed per (group, step): the running sum between starts
+        running = np.append(0, np.cumsum((keys & 1) * 2 - 1))
+        counts = np.diff(running[np.append(first, len(keys))])
         self.keys, self.counts = at[first[counts != 0]], counts[counts != 0].astype(np.float64)
         groups, self.times = self.keys // span, self.keys % span
         (self.n_cols, self.n_labels), self.span, self.edges = shape, span, step_edges

@@ -7,8 +7,14 @@ less than half, are MIXED)."""
 import numpy as np
 import pytest
 
+from numbakv import Recorder
+from numbakv.core.snapshot import FREE
+from numbakv.reference import CellCache
+from numbakv.viz import owner_pixels, owners_of
 from numbakv.viz.owners import MIXED
 from numbakv.viz.pixels import _Integrals, _majority_labels, edges
+
+from helpers import small_config, step_with
 
 
 def dense(cols, labels, starts, ends, shape, n_steps) -> np.ndarray:
@@ -50,3 +56,14 @@ def test_bits_that_name_no_label_are_no_majority():
     sums = _Integrals(cols * 7 + labels, starts, ends, (2, 7), step_edges, 3)
     total = sums.of(np.ones_like(sums.labels))
     assert _majority_labels(sums, total).tolist() == [[MIXED, 0]]
+
+
+def test_cells_never_occupied_are_free_pixels():
+    """A range of cells no change occupies has no stretch: no sum, every pixel FREE."""
+    cache = CellCache(small_config(capacity=32, initial_cells=8))
+    recorder = Recorder(cache)
+    step_with(cache, [cache.seq_new()] * 2)
+    trace = recorder.trace()
+    pixels = owner_pixels(trace, owners_of(trace), (5, 8), (0, trace.n_steps), 1, 1)
+    assert pixels.label.tolist() == [[FREE] * 3]
+    assert pixels.occupied.tolist() == pixels.shared.tolist() == [[0.0] * 3]
