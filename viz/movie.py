@@ -2,17 +2,20 @@
 is the block grid of `plot_cells`, aggregated over the steps it covers.
 
 The frames differ only in the picture and the title above it; every frame is drawn as
-matplotlib's Pillow writer draws it (`Figure.savefig(format="rgba")`), but only the first
-whole: the others draw only what meets the rectangle the pictures and titles lie in (the
-legend and the tick and axis labels apart from it are hidden), and are that rectangle
-over the first frame. Each frame is given its palette as Pillow's GIF writer gives it, on
+matplotlib's Pillow writer draws it (`Figure.savefig(format="rgba")`, or the canvas's own
+draw where that gives the same pixels), but only the first whole: the others draw only
+what meets the rectangle the pictures and titles lie in (the legend and the tick and axis
+labels apart from it are hidden, the ticks fixed), and are that rectangle over the first
+frame. Each frame is given its palette as Pillow's GIF writer gives it, on
 worker threads while the next frames are drawn (Pillow lets go of the GIL there)."""
 
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 import numpy as np
+from matplotlib import rc_context, rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator
@@ -25,6 +28,9 @@ from .holders import CACHED
 from .layout import axes_pixels, bin_size, block_grid, need_steps, owner_legend, shade, span
 from .owners import MIXED, owners_of
 from .pixels import owner_pixels
+
+# savefig's settings under which it draws what the figure's canvas draws
+_AS_DRAWN = {"savefig.facecolor": "auto", "savefig.edgecolor": "auto", "savefig.transparent": False}
 
 
 def save_movie(
@@ -84,8 +90,8 @@ def _frames(fig: Figure, ax, show, titles: list[str]) -> list[Image.Image]:
     change in hidden and the ticks the first found fixed, and that rectangle pasted over
     the first."""
     show(0)
-    canvas = FigureCanvasAgg(fig)
-    first = _draw(canvas)
+    draw = _drawer(fig)
+    first = draw()
     box, where = _changing(ax, titles, first.shape)
     _hide(ax, box)
     _fix_ticks(ax)
@@ -94,16 +100,28 @@ def _frames(fig: Figure, ax, show, titles: list[str]) -> list[Image.Image]:
         for i in range(1, len(titles)):
             show(i)
             frame = first.copy()
-            frame[where] = _draw(canvas)[where]
+            frame[where] = draw()[where]
             frames.append(pool.submit(_gif_frame, frame))
         return [frame.result() for frame in frames]
 
 
-def _draw(canvas: FigureCanvasAgg) -> np.ndarray:
-    """[H, W, 4] uint8: the canvas's figure drawn as `savefig(format="rgba")` draws it at the
-    figure's own dpi and colours (Agg's draw, without savefig's setup: a fifth faster)."""
-    canvas.draw()
-    return np.array(canvas.buffer_rgba())
+def _drawer(fig: Figure):
+    """A function returning [H, W, 4] uint8: `fig` drawn as `savefig(format="rgba")` draws
+    it at the figure's dpi (savefig.bbox aside, which an animation does not apply). While
+    savefig's colours are matplotlib's defaults (the figure's own), Agg's draw of the
+    figure, without savefig's setup (a fifth faster); else savefig itself."""
+    if all(rcParams[key] == value for key, value in _AS_DRAWN.items()):
+        canvas = FigureCanvasAgg(fig)
+        return lambda: (canvas.draw(), np.array(canvas.buffer_rgba()))[1]
+    width, height = (fig.get_size_inches() * fig.dpi).astype(int)
+
+    def saved() -> np.ndarray:
+        buffer = io.BytesIO()
+        with rc_context({"savefig.bbox": None}):  # as an animation saves: the whole figure
+            fig.savefig(buffer, format="rgba", dpi=fig.dpi)
+        return np.frombuffer(buffer.getvalue(), np.uint8).reshape(height, width, 4)
+
+    return saved
 
 
 def _gif_frame(frame: np.ndarray) -> Image.Image:

@@ -2,7 +2,6 @@
 steps is drawn at the step it leads into): the metrics with the trace's annotations, and
 each sequence's locality."""
 
-
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -217,15 +216,6 @@ def _held_lines(runs: np.ndarray) -> dict[str, np.ndarray]:
     p90 = _percentile_sorted(ordered, runs.shape[1] - n, n, 90)
     top = np.where(n > 0, ordered[:, -1] if runs.shape[1] else 0, np.nan)
     return {"mean": mean, "p90": p90, "max": top.astype(np.float64)}
-
-
-def nanpercentile_rows(values: np.ndarray, q: float) -> np.ndarray:
-    """[rows] float64: `np.nanpercentile(values, q, axis=1)` (its "linear" method) of [rows,
-    k] float64 `values`, every row at once where numpy loops over them in Python: its
-    virtual index and interpolation, so the same figures bit for bit; NaN for a row of
-    NaNs."""
-    n = np.count_nonzero(~np.isnan(values), axis=1)
-    return _percentile_sorted(np.sort(values, axis=1), np.zeros_like(n), n, q)  # NaNs last
 
 
 def _percentile_sorted(ordered: np.ndarray, first: np.ndarray, n: np.ndarray, q: float):

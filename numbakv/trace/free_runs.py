@@ -1,14 +1,14 @@
 """The longest run of free cells after each frame of a trace (numba-free), from the cells
 each frame frees or takes, every frame at once.
 
-A segment tree over 64-cell words: a node holds the free run at its start (HEAD), at its
-end (TAIL) and the longest inside (BEST). It is never built whole per frame: a level
-keeps an entry only for a (node, frame) where the node changed, keyed node * n_frames +
-frame and ascending, and a parent's entries come from its children's, each child read at
-its latest entry at or before the frame (a search of the level's keys). The leaves' words
-are the running XOR of the bits each frame flips, their runs read with bit arithmetic. So
-a trace costs a few dozen whole-array passes per level over O(flips) entries, not a numpy
-call per frame and level.
+A segment tree over 64-cell words: a node holds the free run at its start, at its end and
+the longest inside. It is never built whole per frame: a level keeps an entry only for a
+(node, frame) where one of the node's cells flipped, keyed node * n_frames + frame and
+ascending, and a parent's entries come from its children's, each child read at its
+latest entry at or before the frame (a search of the level's keys). The leaves' words are
+the running XOR of the bits each frame flips, their runs read with bit arithmetic. So a
+trace costs a few dozen whole-array passes per level over O(flips) entries (a search
+each: O(flips log flips) a level), not a numpy call per frame and level.
 """
 
 import numpy as np

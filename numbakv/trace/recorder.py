@@ -219,7 +219,8 @@ class _Kept:
         mine = np.ascontiguousarray(owners).view(self._owners.dtype).ravel()
         shared = np.flatnonzero(codes == SHARED)
         was = self._was(cells[shared], was_code[shared], before[shared], mine)
-        diff = (was.view(np.uint64).reshape(len(shared), owners.shape[1]) ^ np.take(owners, shared, axis=0)).ravel()
+        was = was.view(np.uint64).reshape(len(shared), owners.shape[1])
+        diff = (was ^ np.take(owners, shared, axis=0)).ravel()  # rows: faster than [shared]
         words = np.flatnonzero(diff)
         reads, word = np.divmod(words, owners.shape[1])
         changed[shared[reads]] = True
