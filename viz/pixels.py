@@ -9,16 +9,15 @@ mask pixel keeps how many of its (token, cell) pairs are attended, so one attend
 among thousands still lights its pixel.
 """
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace import TraceStep
 from numbakv.trace.frames import Trace
-from numbakv.trace.scan import owner_bits
+from numbakv.trace.free_runs import radix_keys
+from numbakv.trace.scan import blocks, owner_bits
 
 from .holders import CACHED, cell_changes, change_index
 from .owners import MIXED, Owners
@@ -73,15 +72,12 @@ def owner_pixels(
     of steps (`_Held`); what a pixel holds is a sum over the stretches of a column
     (`_Integrals`), and its majority, if any, the label whose every bit is its pixel's
     majority bit: O(changes log changes + pixels * label bits), never a [steps, cells]
-    array. The columns are summed a range at a time, each over about STRETCHES_AT_ONCE
+    array. The columns are summed a range at a time, each over at most STRETCHES_AT_ONCE
     changes or one column, so the memory the stretches take is bounded at any length.
     `progress(done, total)`, when given, hears the steps drawn done (all at once)."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
-    held = _Held(trace, owners, steps)
-    parts = [
-        _range_pixels(held, columns, cell_bin, step_edges, step_bin)
-        for columns in held.ranges(cells, cell_bin, STRETCHES_AT_ONCE)
-    ]
+    held = _Held(trace, owners, cells, steps, cell_bin)
+    parts = [_range_pixels(held, columns, step_edges, step_bin) for columns in held.ranges]
     total, shared, label = (np.concatenate(x, axis=1) for x in zip(*parts, strict=True))
     if progress is not None:
         progress(steps[1] - steps[0], steps[1] - steps[0])
@@ -89,12 +85,12 @@ def owner_pixels(
     return OwnerPixels(cell_edges, step_edges, total / area, shared / area, label)
 
 
-def _range_pixels(held: "_Held", cells: tuple[int, int], cell_bin: int, step_edges, step_bin: int):
+def _range_pixels(held: "_Held", columns: slice, step_edges, step_bin: int) -> tuple:
     """([rows, cols] float64 cell-steps held, of them shared, [rows, cols] int64 label) of
-    the columns of cells [cells[0], cells[1]), `cell_bin` cells each."""
+    the pixel `columns` of `held`."""
     n_groups = held.n_groups  # labels: the groups, then SHARED, then CACHED
-    cols, labels, starts, ends = held.stretches(cells, cell_bin)
-    shape = (-(-(cells[1] - cells[0]) // cell_bin), n_groups + 2)
+    cols, labels, starts, ends = held.stretches(columns)
+    shape = (columns.stop - columns.start, n_groups + 2)
     sums = _Integrals(cols * shape[1] + labels, starts, ends, shape, step_edges, step_bin)
     total, shared = sums.of(np.ones_like(sums.labels)), sums.of(sums.labels == n_groups)
     label = _named(_majority_labels(sums, total), n_groups)
@@ -176,12 +172,14 @@ def _named(label: np.ndarray, n_groups: int) -> np.ndarray:
 
 
 class _Held:
-    """The stretches of steps [start, end) within `steps` during which a cell holds one
-    visible code (`cell_changes`), cut where an id's group changes, a range of cells at a
-    time (`stretches`); the trace's part of them (its changes, where the groups change)
-    made once."""
+    """The stretches of steps [start, end) within `steps` during which a cell of `cells`
+    holds one visible code (`cell_changes`), cut where an id's group changes, a range of
+    columns of `cell_bin` cells at a time (`stretches`): `ranges`, each of at most
+    STRETCHES_AT_ONCE changes or one column. Made once: the changes occupying those
+    cells (by column when there are several ranges), and where the groups change."""
 
-    def __init__(self, trace: Trace, owners: Owners, steps: tuple[int, int]):
+    def __init__(self, trace: Trace, owners: Owners, cells: tuple[int, int],
+                 steps: tuple[int, int], cell_bin: int):  # fmt: skip
         changes = cell_changes(trace, owners.holders)
         self.index, self.steps = change_index(trace, changes), steps
         self.at, self.codes = changes["delta_cells"], changes["codes"]
@@ -190,24 +188,23 @@ class _Held:
         moved, ids = np.nonzero(self.groups[1:] != self.groups[:-1])  # changes at moved + 1
         self.span, self.n_groups = trace.n_steps + 1, len(owners.labels)
         self.cuts = np.sort(ids * self.span + moved + 1)
+        self.first, self.cell_bin = cells[0], cell_bin
+        at = self.at
+        held = np.flatnonzero((self.codes != FREE) & (at >= cells[0]) & (at < cells[1]))
+        column = (at[held] - cells[0]) // cell_bin
+        n_columns = -(-(cells[1] - cells[0]) // cell_bin)
+        per_column = np.bincount(column, minlength=n_columns)
+        self.ranges = list(blocks(per_column, STRETCHES_AT_ONCE))
+        if len(self.ranges) > 1:
+            held = held[np.argsort(radix_keys(column, n_columns), kind="stable")]
+        self.held, self.column_starts = held, np.append(0, np.cumsum(per_column))
 
-    def ranges(self, cells: tuple[int, int], cell_bin: int, limit: int) -> list[tuple[int, int]]:
-        """[lo, hi) ranges covering `cells` in whole columns of `cell_bin` cells from
-        cells[0], each changed at most `limit` times (or one column)."""
-        lo, hi = cells
-        inside = self.at[(self.at >= lo) & (self.at < hi)]
-        per_column = np.bincount((inside - lo) // cell_bin, minlength=-(-(hi - lo) // cell_bin))
-        ends = np.cumsum(per_column)  # the changes up to each column
-        marks = np.arange(limit, ends[-1] if len(ends) else 0, limit)
-        cuts = np.unique(np.searchsorted(ends, marks)).tolist()  # a range starts there
-        return list(pairwise([lo, *(lo + cell_bin * c for c in cuts if c > 0), hi]))
-
-    def stretches(self, cells: tuple[int, int], cell_bin: int) -> tuple:
-        """(column, label, start, end) [k] int64 each: the stretches of the cells of `cells`
-        ([lo, hi)); column: from cells[0], `cell_bin` cells each; label: the id's group
-        (`Owners.labels`), then n_groups for SHARED and n_groups + 1 for CACHED."""
-        at, codes, index, steps = self.at, self.codes, self.index, self.steps
-        kept = np.flatnonzero((codes != FREE) & (at >= cells[0]) & (at < cells[1]))
+    def stretches(self, columns: slice) -> tuple:
+        """(column, label, start, end) [k] int64 each: the stretches of the cells of pixel
+        `columns`; column: from columns.start; label: the id's group (`Owners.labels`),
+        then n_groups for SHARED and n_groups + 1 for CACHED."""
+        codes, index, steps = self.codes, self.index, self.steps
+        kept = self.held[self.column_starts[columns.start] : self.column_starts[columns.stop]]
         starts = np.maximum(self.clock[index.frames[kept]], steps[0])
         ends = np.minimum(self.clock[index.frame_of(index.following[kept])], steps[1])
         kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
@@ -215,7 +212,8 @@ class _Held:
         which, starts, ends = _cut(starts, ends, self.cuts, np.maximum(codes, 0) * self.span)
         codes = codes[which]
         labels = _counted(codes, self.groups[starts, np.maximum(codes, 0)], self.n_groups)
-        cols = (at[kept[which]].astype(np.int64) - cells[0]) // cell_bin
+        first = self.first + columns.start * self.cell_bin
+        cols = (self.at[kept[which]].astype(np.int64) - first) // self.cell_bin
         return cols, labels.astype(np.int64), starts, ends
 
 
@@ -337,20 +335,9 @@ def _attended_pairs(
     first = np.searchsorted(keys, (seq << 32) + oldest, side="left")
     counts = np.where(seq >= 0, np.searchsorted(keys, (seq << 32) + p, side="right") - first, 0)
     attended = np.zeros(shape[0] * shape[1], dtype=np.int64)
-    for tokens in _blocks(counts, PAIRS_PER_BLOCK):
+    for tokens in blocks(counts, PAIRS_PER_BLOCK):
         n = counts[tokens]
         pairs = np.arange(n.sum()) + np.repeat(first[tokens] - (np.cumsum(n) - n), n)
         rows = np.repeat(np.arange(step.width)[tokens] // token_bin, n)
         attended += np.bincount(rows * shape[1] + cols[pairs], minlength=attended.size)
     return attended.reshape(shape)
-
-
-def _blocks(counts: np.ndarray, limit: int) -> Iterator[slice]:
-    """Consecutive slices of `counts` ([n] int64) summing to at most `limit` each (or one
-    element)."""
-    ends, start = np.cumsum(counts), 0
-    while start < len(counts):
-        base = ends[start - 1] if start else 0
-        stop = max(int(np.searchsorted(ends, base + limit, side="right")), start + 1)
-        yield slice(start, stop)
-        start = stop

@@ -61,8 +61,7 @@ def _flip_bits(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_leaves: i
     """([k] int64 key leaf * n_frames + frame, [k] uint64 the cell's bit in its leaf's word)
     of each flip, by leaf then frame."""
     leaf = cells >> 6
-    # numpy sorts 16-bit keys by radix: the flips are by frame already, stably by leaf then
-    order = np.argsort(leaf.astype(np.uint16) if n_leaves <= 1 << 16 else leaf, kind="stable")
+    order = np.argsort(radix_keys(leaf, n_leaves), kind="stable")  # by frame already: then leaf
     keys = leaf[order]
     keys *= n_frames
     keys += frames[order]
@@ -154,6 +153,12 @@ def _flips(
     keys = np.concatenate([frames[flips] * span + cells[flips], new_keys])
     keys.sort()
     return np.divmod(keys, span)
+
+
+def radix_keys(keys: np.ndarray, n: int) -> np.ndarray:
+    """`keys` ([k] ints in [0, n)) as uint16 where they fit: numpy sorts those by radix
+    (kind="stable": O(k), keys equal kept in order)."""
+    return keys.astype(np.uint16) if n <= 1 << 16 else keys
 
 
 def _starts(ascending: np.ndarray) -> np.ndarray:

@@ -11,14 +11,13 @@ of frames each cell has each owner (`owner_spans`); snapshots replay the table
 
 from collections.abc import Iterator
 from functools import cached_property
-from itertools import pairwise
 
 import numpy as np
 
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace.free_runs import largest_per_frame
+from numbakv.trace.free_runs import largest_per_frame, radix_keys
 
-SPANS_AT_ONCE = 1 << 21  # owner events `sequence_runs` pairs up at a time (a range of ids)
+SPANS_AT_ONCE = 1 << 22  # owner events `sequence_runs` pairs up at a time (a range of ids)
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -243,17 +242,28 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, index: CellIndex
     owns after each frame (shared cells count for every owner; 0 = it owns none): the
     cells an id owns, less those whose cell before it owns too. Each a stretch of frames
     (`owner_spans`), the second where stretches of neighbouring cells meet. Counted a
-    range of ids at a time, each with about SPANS_AT_ONCE owner events (or one id), so
+    range of ids at a time, each with at most SPANS_AT_ONCE owner events (or one id), so
     the memory it takes is bounded at any length."""
-    runs = np.empty((len(arrays["events"]), max_seqs), dtype=np.int32)
     events = _owner_events_of(arrays, index)
     per_id = sum(np.bincount(i, minlength=max_seqs) for i, _, _ in events)
-    marks = np.arange(SPANS_AT_ONCE, int(per_id.sum()), SPANS_AT_ONCE)
-    cuts = np.unique(np.searchsorted(np.cumsum(per_id), marks)).tolist()
-    for lo, hi in pairwise([0, *(c for c in cuts if c > 0), max_seqs]):
-        some = [(i[mine], c[mine], g) for i, c, g in events if (mine := (i >= lo) & (i < hi)).any()]
-        runs[:, lo:hi] = _runs(arrays, owner_spans(arrays, index, some), lo, hi)
+    ranges = list(blocks(per_id, SPANS_AT_ONCE))
+    if len(ranges) == 1:
+        return _runs(arrays, owner_spans(arrays, index, events), 0, max_seqs)
+    runs = np.empty((len(arrays["events"]), max_seqs), dtype=np.int32)
+    events = [_by_id(*event, max_seqs) for event in events]
+    for ids in ranges:
+        some = [(i[at[ids.start] : at[ids.stop]], c[at[ids.start] : at[ids.stop]], g)
+                for i, c, g, at in events]  # fmt: skip
+        runs[:, ids] = _runs(arrays, owner_spans(arrays, index, some), ids.start, ids.stop)
     return runs
+
+
+def _by_id(ids: np.ndarray, changes: np.ndarray, gains: int, max_seqs: int) -> tuple:
+    """(ids, changes, gains, [max_seqs + 1] where each id's start) of owner events, by id
+    (stably: each id's in their order)."""
+    order = np.argsort(radix_keys(ids, max_seqs), kind="stable")
+    ids, changes = ids[order], changes[order]
+    return ids, changes, gains, np.searchsorted(ids, np.arange(max_seqs + 1))
 
 
 def _runs(arrays: dict[str, np.ndarray], spans: tuple, lo: int, hi: int) -> np.ndarray:
@@ -364,3 +374,14 @@ def bit_pairs(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         row, bit = np.nonzero(bits)
         pairs.append((chunk[row], bit.astype(np.int64)))
     return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
+
+
+def blocks(counts: np.ndarray, limit: int) -> Iterator[slice]:
+    """Consecutive slices of `counts` ([n] ints) summing to at most `limit` each (or one
+    element): how a scan takes its items a bounded share at a time."""
+    ends, start = np.cumsum(counts), 0
+    while start < len(counts):
+        base = ends[start - 1] if start else 0
+        stop = max(int(np.searchsorted(ends, base + limit, side="right")), start + 1)
+        yield slice(start, stop)
+        start = stop

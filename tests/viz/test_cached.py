@@ -302,7 +302,7 @@ def test_pixels_summed_in_column_ranges_are_those_summed_at_once(churned, at_onc
     args = (trace, owners, (3, n_cells - 2), (1, n_steps), 2, 3)
     whole = owner_pixels(*args)
     monkeypatch.setattr(viz_pixels, "STRETCHES_AT_ONCE", at_once)
-    assert len(viz_pixels._Held(trace, owners, args[3]).ranges(args[2], 2, at_once)) > 1
+    assert len(viz_pixels._Held(trace, owners, args[2], args[3], 2).ranges) > 1
     ranged = owner_pixels(*args)
     for name in ("cell_edges", "step_edges", "occupied", "shared", "label"):
         np.testing.assert_array_equal(getattr(ranged, name), getattr(whole, name))

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from numbakv import Recorder
 from numbakv.reference import CellCache
 from numbakv.reference.step import window_mask
+from numbakv.trace.scan import blocks
 from numbakv.viz import mask_pixels
-from numbakv.viz.pixels import PAIRS_PER_BLOCK, _blocks
+from numbakv.viz.pixels import PAIRS_PER_BLOCK
 
 from helpers import churn, small_config, step_with
 
@@ -96,6 +97,6 @@ def test_mask_pixels_of_random_steps_are_the_mask_binned(
 
 def test_blocks_split_the_pairs_in_order_and_never_below_one_token():
     counts = np.array([3, 0, 9, 2, 2, 0, 5])
-    blocks = list(_blocks(counts, 4))
-    assert [(b.start, b.stop) for b in blocks] == [(0, 2), (2, 3), (3, 6), (6, 7)]
-    assert list(_blocks(np.zeros(0, dtype=np.int64), 4)) == []
+    split = list(blocks(counts, 4))
+    assert [(b.start, b.stop) for b in split] == [(0, 2), (2, 3), (3, 6), (6, 7)]
+    assert list(blocks(np.zeros(0, dtype=np.int64), 4)) == []

@@ -16,7 +16,9 @@ from numbakv.viz.panels import _held_lines, _mean_blocks
 @settings(max_examples=150, deadline=None)
 @given(
     runs=arrays(
-        np.int32, st.tuples(st.integers(1, 15), st.integers(1, 12)), elements=st.one_of(st.integers(0, 6), st.integers(0, 10**5))
+        np.int32,
+        st.tuples(st.integers(1, 15), st.integers(1, 12)),
+        elements=st.one_of(st.integers(0, 6), st.integers(0, 10**5)),
     ),
     rows=st.integers(1, 5),
     cols=st.integers(1, 5),
