@@ -17,7 +17,7 @@ import numpy as np
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.free_runs import largest_per_frame, radix_keys
 
-SPANS_AT_ONCE = 1 << 22  # owner events `sequence_runs` pairs up at a time (a range of ids)
+SPANS_AT_ONCE = 1 << 22  # owner events and counts `sequence_runs` makes at a time (ids)
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -242,15 +242,17 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, index: CellIndex
     owns after each frame (shared cells count for every owner; 0 = it owns none): the
     cells an id owns, less those whose cell before it owns too. Each a stretch of frames
     (`owner_spans`), the second where stretches of neighbouring cells meet. Counted a
-    range of ids at a time, each with at most SPANS_AT_ONCE owner events (or one id), so
-    the memory it takes is bounded at any length."""
+    range of ids at a time, each with at most SPANS_AT_ONCE owner events and per-frame
+    counts (or one id), so the memory it takes is bounded at any length."""
     events = _owner_events_of(arrays, index)
-    per_id = sum(np.bincount(i, minlength=max_seqs) for i, _, _ in events)
+    # an id costs its events, and its column of counts per frame
+    per_id = sum(np.bincount(i, minlength=max_seqs) for i, _, _ in events) + len(arrays["events"])
     ranges = list(blocks(per_id, SPANS_AT_ONCE))
     if len(ranges) == 1:
         return _runs(arrays, owner_spans(arrays, index, events), 0, max_seqs)
     runs = np.empty((len(arrays["events"]), max_seqs), dtype=np.int32)
-    events = [_by_id(*event, max_seqs) for event in events]
+    for k, event in enumerate(events):  # each kind's copy by id replaces it at once
+        events[k] = _by_id(*event, max_seqs)
     for ids in ranges:
         some = [(i[at[ids.start] : at[ids.stop]], c[at[ids.start] : at[ids.stop]], g)
                 for i, c, g, at in events]  # fmt: skip
@@ -282,8 +284,9 @@ def _runs(arrays: dict[str, np.ndarray], spans: tuple, lo: int, hi: int) -> np.n
     size = (len(arrays["events"]) + 1) * width  # (frame, id) entries, one frame past
     ups = np.concatenate([starts * width + ids, met[1] * width + ids[right]])
     downs = np.concatenate([ends * width + ids, met[0] * width + ids[right]])
-    delta = np.bincount(ups, minlength=size) - np.bincount(downs, minlength=size)
-    return np.cumsum(delta.reshape(-1, width)[:-1], axis=0).astype(np.int32)
+    delta = np.bincount(ups, minlength=size)
+    delta -= np.bincount(downs, minlength=size)
+    return np.cumsum(delta.reshape(-1, width)[:-1], axis=0, dtype=np.int32)
 
 
 def owner_spans(
