@@ -207,7 +207,7 @@ def test_metrics_on_one_clock_with_annotations(annotated):
     assert marks[:3] == [[0, 2], [1], [2]]
 
 
-@pytest.mark.parametrize("spans_at_once", [scan.SPANS_AT_ONCE, 1, 30])  # ids at once or a few
+@pytest.mark.parametrize("spans_at_once", [scan.SPANS_AT_ONCE, 1, 120])  # all ids, 1, 2 or 3
 def test_largest_free_run_and_locality_are_the_tables(annotated, spans_at_once, monkeypatch):
     monkeypatch.setattr(scan, "SPANS_AT_ONCE", spans_at_once)
     trace = annotated
