@@ -249,7 +249,9 @@ def sequence_runs(arrays: dict[str, np.ndarray], max_seqs: int, index: CellIndex
     per_id = sum(np.bincount(i, minlength=max_seqs) for i, _, _ in events) + len(arrays["events"])
     ranges = list(blocks(per_id, SPANS_AT_ONCE))
     if len(ranges) == 1:
-        return _runs(arrays, owner_spans(arrays, index, events), 0, max_seqs)
+        spans = owner_spans(arrays, index, events)
+        del events  # not held while the spans are paired up
+        return _runs(arrays, spans, 0, max_seqs)
     runs = np.empty((len(arrays["events"]), max_seqs), dtype=np.int32)
     for k, event in enumerate(events):  # each kind's copy by id replaces it at once
         events[k] = _by_id(*event, max_seqs)
