@@ -112,7 +112,12 @@ def _drawer(fig: Figure):
     figure, without savefig's setup (a fifth faster); else savefig itself."""
     if all(rcParams[key] == value for key, value in _AS_DRAWN.items()):
         canvas = FigureCanvasAgg(fig)
-        return lambda: (canvas.draw(), np.array(canvas.buffer_rgba()))[1]
+
+        def drawn() -> np.ndarray:
+            canvas.draw()
+            return np.array(canvas.buffer_rgba())
+
+        return drawn
     width, height = (fig.get_size_inches() * fig.dpi).astype(int)
 
     def saved() -> np.ndarray:

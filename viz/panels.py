@@ -214,8 +214,7 @@ def _held_lines(runs: np.ndarray) -> dict[str, np.ndarray]:
         mean = runs.sum(axis=1, dtype=np.int64) / n
     ordered = np.sort(runs, axis=1)  # the 0s first: the values are the last n of a row
     p90 = _percentile_sorted(ordered, runs.shape[1] - n, n, 90)
-    top = np.where(n > 0, ordered[:, -1] if runs.shape[1] else 0, np.nan)
-    return {"mean": mean, "p90": p90, "max": top.astype(np.float64)}
+    return {"mean": mean, "p90": p90, "max": np.where(n > 0, ordered[:, -1], np.nan)}
 
 
 def _percentile_sorted(ordered: np.ndarray, first: np.ndarray, n: np.ndarray, q: float):

@@ -124,9 +124,9 @@ def _parents(keys: np.ndarray, runs: tuple, n_frames: int, span: int) -> tuple:
 def _latest(keys: np.ndarray, runs: tuple, wanted: np.ndarray, n_frames: int) -> tuple:
     """The runs of each node of `wanted` ([p] node * n_frames + frame) at its latest entry
     in `keys` at or before that frame; 0s where it has none."""
-    at = np.searchsorted(keys, wanted, side="right") - 1
-    found = (at >= 0) & (keys[np.maximum(at, 0)] >= wanted - wanted % n_frames)
-    at = np.maximum(at, 0)
+    before = np.searchsorted(keys, wanted, side="right") - 1
+    at = np.maximum(before, 0)
+    found = (before >= 0) & (keys[at] >= wanted - wanted % n_frames)  # the node's own entry
     return tuple(np.where(found, column[at], 0) for column in runs)
 
 

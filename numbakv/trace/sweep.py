@@ -14,7 +14,14 @@ import numpy as np
 from numbakv.core.config import CacheConfig
 from numbakv.core.errors import TraceError
 from numbakv.core.snapshot import FREE, SHARED
-from numbakv.trace.scan import change_frames, id_bits, owner_events, table_at, toggle_ids
+from numbakv.trace.scan import (
+    change_frames,
+    id_bits,
+    owner_bits,
+    owner_events,
+    table_at,
+    toggle_ids,
+)
 
 OWNED_AT_ONCE = 1 << 20  # (frame, id) counts `owned_cells` makes at a time: 8 MiB
 
@@ -339,7 +346,7 @@ def _dead_owner(a: dict[str, np.ndarray], f: int, n_words: int) -> str:
     """Names the lowest id that owns a cell after frame f while not live, and its first
     cell (the table replayed to frame f, `table_at`)."""
     owners = table_at(a, f, int(a["read_len"].max(initial=0)) + 1, n_words)[1]
-    held = np.unpackbits(np.bitwise_or.reduce(owners, axis=0).view(np.uint8), bitorder="little")
-    s = int(np.flatnonzero(held[: len(a["live"][f])].astype(bool) & ~a["live"][f])[0])
+    held = owner_bits(np.bitwise_or.reduce(owners, axis=0, keepdims=True))[1]  # ids owning
+    s = int(held[~a["live"][f][held]].min())
     cell = int(np.flatnonzero(owners[:, s // 64] & (np.uint64(1) << np.uint64(s % 64)))[0])
     return f"cell {cell} is owned by sequence {s} at frame {f} while that sequence is not live"
