@@ -74,6 +74,9 @@ def _rank(target, args, rank, world, store, timeout, results) -> None:
         "gloo", init_method=store, rank=rank, world_size=world,
         timeout=timedelta(seconds=timeout),
     )  # fmt: skip
+    # every rank's connections made before any runs `target`: a rank that dies at once
+    # (a dead peer's test) must not leave another still connecting, failing in its init
+    dist.barrier()
     try:
         value = target(Group(), *args)
     except BaseException as error:
