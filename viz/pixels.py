@@ -101,32 +101,38 @@ def _range_pixels(held: "_Held", columns: slice, step_edges, step_bin: int) -> t
 class _Integrals:
     """Sums per pixel over stretches of steps during which a cell of a column holds a
     label: [k] `group` (column * n_labels + label) and [k] [starts, ends) each, `shape`
-    (n_cols, n_labels), pixel rows `step_bin` steps each between `step_edges`. Merged per
-    (group, step), the stretches' bounds are events changing how many cells a group holds
-    (`keys` = group * span + step, ascending; `counts`); a pixel's sum is the integral of
-    its count over its row."""
+    (n_cols, n_labels), pixel rows `step_bin` steps each between `step_edges`. The
+    stretches' bounds are events changing how many cells a group holds; a pixel's sum is
+    the integral of that count over its row, from the events before each row edge: their
+    count (the slope) and minus their count times their step (the intercept). The events
+    are merged per (group, the first row edge past them), `keys` = group << edge_bits |
+    that edge, ascending, so each sum costs the groups a row meets, not the steps."""
 
     def __init__(self, group, starts, ends, shape: tuple[int, int], step_edges, step_bin: int):
-        span = int(step_edges[-1]) + 1
-        keys = np.concatenate([(group * span + starts) * 2 + 1, (group * span + ends) * 2])
+        n_edges = len(step_edges)
+        # every step is at most the last end: the trace's steps, whatever the edges' range
+        self.edge_bits, time_bits = n_edges.bit_length(), int(ends.max(initial=0)).bit_length()
+        # keys of (group, step, is a start) in bits: shifts, not divisions, split them
+        keys = np.concatenate([(group << time_bits | starts) << 1 | 1,
+                               (group << time_bits | ends) << 1])  # fmt: skip
         keys.sort()
-        at = keys >> 1
-        first = np.flatnonzero(np.diff(at, prepend=-1))  # where each (group, step) starts
-        # +1 a start, -1 an end, summed per (group, step): the running sum between starts
-        running = np.append(0, np.cumsum((keys & 1) * 2 - 1))
-        counts = np.diff(running[np.append(first, len(keys))])
-        self.keys, self.counts = at[first[counts != 0]], counts[counts != 0].astype(np.float64)
-        groups, self.times = self.keys // span, self.keys % span
-        (self.n_cols, self.n_labels), self.span, self.edges = shape, span, step_edges
+        times = (keys >> 1) & ((1 << time_bits) - 1)
+        edge = np.minimum((times - step_edges[0]) // step_bin + 1, n_edges)  # the first past
+        at = keys >> (time_bits + 1) << self.edge_bits | edge
+        first = np.flatnonzero(np.diff(at, prepend=-1))  # where each (group, edge) starts
+        signs = ((keys & 1) * 2 - 1).astype(np.float64)  # +1 a start, -1 an end
+        self.keys, self.counts = at[first], np.add.reduceat(signs, first)
+        self.spent = np.add.reduceat(-signs * times, first)
+        (self.n_cols, self.n_labels), self.edges = shape, step_edges
+        groups = self.keys >> self.edge_bits
         self.labels = groups % self.n_labels
-        row = np.minimum((self.times - step_edges[0]) // step_bin + 1, len(step_edges))
-        self.bins = row * self.n_cols + groups // self.n_labels  # [row edges past it, column]
-        self.spent = -self.counts * self.times  # what the events before an edge take from it
+        edge = self.keys & ((1 << self.edge_bits) - 1)
+        self.bins = edge * self.n_cols + groups // self.n_labels  # [edge, column]
 
     def of(self, weights: np.ndarray) -> np.ndarray:
         """[rows, cols] float64: per pixel, the cell-steps of the stretches whose label has
-        `weights` 1 ([m] per event, 0 or 1): the integral over its row of the count, from
-        its slope and intercept at each row edge."""
+        `weights` 1 ([m] per entry of `keys`, 0 or 1): the integral over its row of the
+        count, from its slope and intercept at each row edge."""
         n_edges, size = len(self.edges), (len(self.edges) + 1) * self.n_cols
         slope = np.bincount(self.bins, self.counts * weights, size)
         intercept = np.bincount(self.bins, self.spent * weights, size)
@@ -136,14 +142,16 @@ class _Integrals:
 
     def held(self, labels: np.ndarray) -> np.ndarray:
         """[rows, cols] float64: per pixel, the cell-steps that its label of `labels` ([rows,
-        cols] ints) holds, from the events of that (column, label) before its row's edges
-        (the events of the groups before sum to no cell)."""
-        group = (np.arange(labels.shape[1]) * self.n_labels + labels) * self.span
+        cols] ints) holds, from the entries of that (column, label) before its row's edges
+        (the entries of the groups before sum to no cell)."""
+        n_edges = len(self.edges)
         slope = np.append(0, np.cumsum(self.counts))
         intercept = np.append(0, np.cumsum(self.spent))
+        edge = np.arange(n_edges)[:, None]  # a pixel's (column, label) entries of edges <= e
+        group = (np.arange(labels.shape[1]) * self.n_labels + labels) << self.edge_bits
+        upper, lower = (np.searchsorted(self.keys, group + e + 1) for e in (edge[1:], edge[:-1]))
         ends = self.edges[1:, None], self.edges[:-1, None]
-        at = [np.searchsorted(self.keys, group + edge) for edge in ends]
-        return slope[at[0]] * ends[0] - slope[at[1]] * ends[1] + intercept[at[0]] - intercept[at[1]]
+        return slope[upper] * ends[0] - slope[lower] * ends[1] + intercept[upper] - intercept[lower]
 
 
 def _majority_labels(sums: "_Integrals", total: np.ndarray) -> np.ndarray:
@@ -185,9 +193,15 @@ class _Held:
         self.at, self.codes = changes["delta_cells"], changes["codes"]
         self.clock = np.append(trace.frame_steps, trace.n_steps)  # [n_frames]: after the last
         self.groups = owners.seq_groups[trace.step_frames]  # [n_steps, max_seqs]: id's group
-        moved, ids = np.nonzero(self.groups[1:] != self.groups[:-1])  # changes at moved + 1
         self.span, self.n_groups = trace.n_steps + 1, len(owners.labels)
-        self.cuts = np.sort(ids * self.span + moved + 1)
+        # [n_steps, max_seqs] int32 how often an id's group changed at steps 1 .. t: a
+        # stretch [s, e) of id i is cut moves[e - 1, i] - moves[s, i] times (a gather)
+        self.moves = np.zeros(self.groups.shape, dtype=np.int32)
+        np.not_equal(self.groups[1:], self.groups[:-1], out=self.moves[1:])
+        step, ids = np.nonzero(self.moves)  # id ids's group changes at step
+        self.cuts = np.sort(ids * self.span + step)
+        for t in range(1, len(self.moves)):  # numpy's cumsum down axis 0 is 8x slower
+            self.moves[t] += self.moves[t - 1]
         self.first, self.cell_bin = cells[0], cell_bin
         at = self.at
         held = np.flatnonzero((self.codes != FREE) & (at >= cells[0]) & (at < cells[1]))
@@ -209,7 +223,9 @@ class _Held:
         ends = np.minimum(self.clock[index.frame_of(index.following[kept])], steps[1])
         kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
         codes = codes[kept].astype(np.int64)
-        which, starts, ends = _cut(starts, ends, self.cuts, np.maximum(codes, 0) * self.span)
+        ids = np.maximum(codes, 0)
+        n = self.moves[ends - 1, ids] - self.moves[starts, ids] + 1
+        which, starts, ends = _cut(starts, ends, n, self.cuts, ids * self.span)
         codes = codes[which]
         labels = _counted(codes, self.groups[starts, np.maximum(codes, 0)], self.n_groups)
         first = self.first + columns.start * self.cell_bin
@@ -218,16 +234,15 @@ class _Held:
 
 
 def _cut(
-    starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray, base: np.ndarray
+    starts: np.ndarray, ends: np.ndarray, n: np.ndarray, cuts: np.ndarray, base: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(which, start, end) [p] int64 each: the stretches [starts, ends) ([k] ints each) cut
-    at every value of `cuts` strictly inside them, each piece with the index of its
-    stretch (the stretches not cut first). `cuts` is ascending, keyed by what they apply
-    to: `base` ([k] ints) is added to a stretch's bounds to look them up there."""
-    lo = np.searchsorted(cuts, base + starts, side="right")
-    n = np.searchsorted(cuts, base + ends, side="left") - lo + 1  # pieces of each stretch
+    at every value of `cuts` strictly inside them, `n` ([k] ints) pieces each, each piece
+    with the index of its stretch (the stretches not cut first). `cuts` is ascending, keyed
+    by what they apply to: `base` ([k] ints) is added to a stretch's bounds to look them
+    up there."""
     whole, cut = np.flatnonzero(n == 1), np.flatnonzero(n > 1)
-    lo, n = lo[cut], n[cut]
+    lo, n = np.searchsorted(cuts, base[cut] + starts[cut], side="right"), n[cut]
     which = np.repeat(cut, n)
     k = np.arange(len(which)) - np.repeat(np.cumsum(n) - n, n)  # a piece's place in it
     at = np.repeat(lo, n) + k  # the cut that ends it

@@ -67,3 +67,15 @@ def test_cells_never_occupied_are_free_pixels():
     pixels = owner_pixels(trace, owners_of(trace), (5, 8), (0, trace.n_steps), 1, 1)
     assert pixels.label.tolist() == [[FREE] * 3]
     assert pixels.occupied.tolist() == pixels.shared.tolist() == [[0.0] * 3]
+
+
+def test_a_steps_range_far_past_the_trace_counts_its_steps():
+    """Pixel rows of 2**56 steps over a trace of one: the bits a key gives a step are the
+    trace's, not the range's (a key sized by the range's end overflowed int64)."""
+    cache = CellCache(small_config(capacity=8, initial_cells=8, max_seqs=1))
+    recorder = Recorder(cache)
+    step_with(cache, [cache.seq_new()] * 4)
+    trace = recorder.trace()
+    pixels = owner_pixels(trace, owners_of(trace), (0, 4), (0, 2**58), 1, 2**56)
+    assert pixels.label[0].tolist() == [0] * 4 and (pixels.label[1:] == FREE).all()
+    assert (pixels.occupied[0] * 2**56).tolist() == [1.0] * 4
