@@ -15,7 +15,9 @@ workload unrecorded; recorded (a `Recorder` frame per step, annotated by request
 benchmarks.plots (`all` included). The mean of the two unrecorded runs is the unit: the
 recording overhead is (recorded run + save - unrecorded) / unrecorded, and every other
 phase's seconds are printed as multiples of it too, beside its process's peak resident
-memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib included).
+memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib included). Of
+a picture's seconds, the imports it makes (matplotlib and numbakv.viz, the same for any
+trace) are timed apart too: "imports x".
 """
 
 import argparse
@@ -82,8 +84,16 @@ def load(path: str) -> dict:
 
 
 def plot(path: str, kind: str, folder: str) -> dict:
-    seconds = draw(path, kind, folder)
-    return {"plot_s": seconds, "peak_mib": peak_mib()}
+    """`numbakv viz --kind KIND`'s seconds, the imports it makes (matplotlib and
+    numbakv.viz, the same for every trace) timed apart first."""
+    start = time.perf_counter()
+    import matplotlib.backend_bases  # noqa: F401  (what `numbakv viz` imports)
+
+    import numbakv.viz  # noqa: F401
+
+    imports = time.perf_counter() - start
+    return {"plot_s": imports + draw(path, kind, folder), "imports_s": imports,
+            "peak_mib": peak_mib()}  # fmt: skip
 
 
 def phase(*args: str) -> dict:
@@ -105,7 +115,8 @@ def child(name: str, rest: list[str]) -> int:
 
 def measure(scale: dict, folder: str) -> tuple[dict, list[list[str]]]:
     """Every phase, each in its own process: (the recorded run's figures and the trace's
-    frames, the table's rows: phase, seconds, multiple of the unrecorded run, peak MiB)."""
+    frames, the table's rows: phase, seconds, multiple of the unrecorded run, of a
+    picture's seconds the imports', peak MiB)."""
     path = str(Path(folder) / "trace.npz")
     runs = [phase("run", json.dumps(scale)), phase("run", json.dumps(scale), path)]
     runs.append(phase("run", json.dumps(scale)))
@@ -115,18 +126,19 @@ def measure(scale: dict, folder: str) -> tuple[dict, list[list[str]]]:
     unit = (before["run_s"] + after["run_s"]) / 2
     both = recorded["run_s"] + recorded["save_s"]
     rows = [
-        ("unrecorded, before", before["run_s"], before["peak_mib"]),
-        ("recorded", recorded["run_s"], recorded["peak_mib"]),
-        ("save", recorded["save_s"], None),  # in the recorded run's process
-        ("unrecorded, after", after["run_s"], after["peak_mib"]),
-        ("recording overhead", both - unit, None),
-        ("load", loaded["load_s"], loaded["peak_mib"]),
-        *((name, d["plot_s"], d["peak_mib"]) for name, d in drawn),
+        ("unrecorded, before", before["run_s"], None, before["peak_mib"]),
+        ("recorded", recorded["run_s"], None, recorded["peak_mib"]),
+        ("save", recorded["save_s"], None, None),  # in the recorded run's process
+        ("unrecorded, after", after["run_s"], None, after["peak_mib"]),
+        ("recording overhead", both - unit, None, None),
+        ("load", loaded["load_s"], None, loaded["peak_mib"]),
+        *((name, d["plot_s"], d["imports_s"], d["peak_mib"]) for name, d in drawn),
     ]
     table = [
-        [name, f"{s:.2f}", f"{s / unit:.2f}", "-" if peak is None else f"{peak:.0f}"]
-        for name, s, peak in rows
-    ]
+        [name, f"{s:.2f}", f"{s / unit:.2f}", "-" if imports is None else f"{imports / unit:.2f}",
+         "-" if peak is None else f"{peak:.0f}"]
+        for name, s, imports, peak in rows
+    ]  # fmt: skip
     return recorded | {"frames": loaded["frames"], "unit_s": unit}, table
 
 
@@ -151,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{figures['frames']} frames, trace file {figures['file_mib']:.1f} MiB")  # fmt: skip
     print(f"  x unrecorded: seconds / {figures['unit_s']:.2f} s (the unrecorded runs' mean); "
           "recording overhead: recorded + save - unrecorded")  # fmt: skip
-    print_table(["phase", "s", "x unrecorded", "peak MiB"], table)
+    print("  imports x: of a picture's multiple, importing matplotlib and numbakv.viz")
+    print_table(["phase", "s", "x unrecorded", "imports x", "peak MiB"], table)
     return 0
 
 
