@@ -116,13 +116,17 @@ class _Integrals:
         keys = np.concatenate([(group << time_bits | starts) << 1 | 1,
                                (group << time_bits | ends) << 1])  # fmt: skip
         keys.sort()
-        times = (keys >> 1) & ((1 << time_bits) - 1)
-        edge = np.minimum((times - step_edges[0]) // step_bin + 1, n_edges)  # the first past
-        at = keys >> (time_bits + 1) << self.edge_bits | edge
-        first = np.flatnonzero(np.diff(at, prepend=-1))  # where each (group, edge) starts
-        signs = ((keys & 1) * 2 - 1).astype(np.float64)  # +1 a start, -1 an end
-        self.keys, self.counts = at[first], np.add.reduceat(signs, first)
-        self.spent = np.add.reduceat(-signs * times, first)
+        signs = np.where(keys & 1, 1.0, -1.0)  # +1 a start, -1 an end
+        keys >>= 1  # in place from here on: the events are the largest arrays of a picture
+        times = keys & ((1 << time_bits) - 1)
+        keys >>= time_bits
+        keys <<= self.edge_bits
+        keys |= np.minimum((times - step_edges[0]) // step_bin + 1, n_edges)  # first edge past
+        first = np.flatnonzero(np.diff(keys, prepend=-1))  # where each (group, edge) starts
+        self.keys, self.counts = keys[first], np.add.reduceat(signs, first)
+        np.negative(signs, out=signs)
+        signs *= times
+        self.spent = np.add.reduceat(signs, first)  # minus each event's sign times its step
         (self.n_cols, self.n_labels), self.edges = shape, step_edges
         groups = self.keys >> self.edge_bits
         self.labels = groups % self.n_labels
