@@ -196,16 +196,9 @@ class _Held:
         self.index, self.steps = change_index(trace, changes), steps
         self.at, self.codes = changes["delta_cells"], changes["codes"]
         self.clock = np.append(trace.frame_steps, trace.n_steps)  # [n_frames]: after the last
-        self.groups = owners.seq_groups[trace.step_frames]  # [n_steps, max_seqs]: id's group
+        self.seq_groups, self.step_frames = owners.seq_groups, trace.step_frames
         self.span, self.n_groups = trace.n_steps + 1, len(owners.labels)
-        # [n_steps, max_seqs] int32 how often an id's group changed at steps 1 .. t: a
-        # stretch [s, e) of id i is cut moves[e - 1, i] - moves[s, i] times (a gather)
-        self.moves = np.zeros(self.groups.shape, dtype=np.int32)
-        np.not_equal(self.groups[1:], self.groups[:-1], out=self.moves[1:])
-        step, ids = np.nonzero(self.moves)  # id ids's group changes at step
-        self.cuts = np.sort(ids * self.span + step)
-        for t in range(1, len(self.moves)):  # numpy's cumsum down axis 0 is 8x slower
-            self.moves[t] += self.moves[t - 1]
+        self.moves, self.cuts = _group_moves(owners.seq_groups, trace.step_frames, self.span)
         self.first, self.cell_bin = cells[0], cell_bin
         at = self.at
         held = np.flatnonzero((self.codes != FREE) & (at >= cells[0]) & (at < cells[1]))
@@ -231,10 +224,29 @@ class _Held:
         n = self.moves[ends - 1, ids] - self.moves[starts, ids] + 1
         which, starts, ends = _cut(starts, ends, n, self.cuts, ids * self.span)
         codes = codes[which]
-        labels = _counted(codes, self.groups[starts, np.maximum(codes, 0)], self.n_groups)
+        groups = self.seq_groups[self.step_frames[starts], np.maximum(codes, 0)]
+        labels = _counted(codes, groups, self.n_groups)
         first = self.first + columns.start * self.cell_bin
         cols = (self.at[kept[which]].astype(np.int64) - first) // self.cell_bin
         return cols, labels.astype(np.int64), starts, ends
+
+
+def _group_moves(
+    seq_groups: np.ndarray, step_frames: np.ndarray, span: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """([n_steps, max_seqs] int32 how often each id's group changed at steps 1 .. t, [c]
+    int64 each change as id * span + step, ascending) of `seq_groups` ([n_frames,
+    max_seqs] each id's group) at the `step_frames`: a stretch [s, e) of id i is cut
+    moves[e - 1, i] - moves[s, i] times (a gather, not a search), at its changes. Row by
+    row, reading the groups in place (a copy of them at the steps would double the memory;
+    numpy's cumsum down axis 0 is several times slower than the rows' adds)."""
+    moves = np.zeros((len(step_frames), seq_groups.shape[1]), dtype=np.int32)
+    changes = [np.zeros(0, dtype=np.int64)]
+    for t in range(1, len(step_frames)):
+        changed = seq_groups[step_frames[t]] != seq_groups[step_frames[t - 1]]
+        np.add(moves[t - 1], changed, out=moves[t])
+        changes.append(np.flatnonzero(changed) * span + t)
+    return moves, np.sort(np.concatenate(changes))
 
 
 def _cut(
