@@ -77,7 +77,9 @@ def owner_pixels(
     `progress(done, total)`, when given, hears the steps drawn done (all at once)."""
     cell_edges, step_edges = edges(*cells, cell_bin), edges(*steps, step_bin)
     held = _Held(trace, owners, cells, steps, cell_bin)
-    parts = [_range_pixels(held, columns, step_edges, step_bin) for columns in held.ranges]
+    none = np.zeros((len(step_edges) - 1, 0))  # the pixels of no column: an empty range's
+    parts = [(none, none, none.astype(np.int64))]
+    parts += [_range_pixels(held, columns, step_edges, step_bin) for columns in held.ranges]
     total, shared, label = (np.concatenate(x, axis=1) for x in zip(*parts, strict=True))
     if progress is not None:
         progress(steps[1] - steps[0], steps[1] - steps[0])

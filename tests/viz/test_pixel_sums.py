@@ -79,3 +79,17 @@ def test_a_steps_range_far_past_the_trace_counts_its_steps():
     pixels = owner_pixels(trace, owners_of(trace), (0, 4), (0, 2**58), 1, 2**56)
     assert pixels.label[0].tolist() == [0] * 4 and (pixels.label[1:] == FREE).all()
     assert (pixels.occupied[0] * 2**56).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize(("cells", "steps"), [((3, 3), (0, 2)), ((0, 4), (1, 1)), ((9, 9), (2, 2))])
+def test_an_empty_range_has_no_pixels(cells, steps):
+    """No cells or no steps: pixels with no columns or no rows, not an error."""
+    cache = CellCache(small_config(capacity=8, initial_cells=8))
+    recorder = Recorder(cache)
+    step_with(cache, [cache.seq_new()] * 4)
+    step_with(cache, [0])
+    trace = recorder.trace()
+    pixels = owner_pixels(trace, owners_of(trace), cells, steps, 2, 1)
+    shape = (steps[1] - steps[0], -(-(cells[1] - cells[0]) // 2))
+    assert pixels.occupied.shape == pixels.shared.shape == pixels.label.shape == shape
+    assert pixels.label.dtype == np.int64 and pixels.occupied.dtype == np.float64
