@@ -23,7 +23,7 @@ from pathlib import Path
 
 from numbakv import _checkout
 
-__version__ = "1.1.2"
+__version__ = "1.1.3"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
