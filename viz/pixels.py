@@ -153,7 +153,7 @@ class _Integrals:
         n_edges = len(self.edges)
         slope = np.append(0, np.cumsum(self.counts))
         intercept = np.append(0, np.cumsum(self.spent))
-        edge = np.arange(n_edges)[:, None]  # a pixel's (column, label) entries of edges <= e
+        edge = np.arange(n_edges)[:, None]  # the entries at edges <= e: the events before it
         group = (np.arange(labels.shape[1]) * self.n_labels + labels) << self.edge_bits
         upper, lower = (np.searchsorted(self.keys, group + e + 1) for e in (edge[1:], edge[:-1]))
         ends = self.edges[1:, None], self.edges[:-1, None]
@@ -225,8 +225,7 @@ class _Held:
         ids = np.maximum(codes, 0)
         n = self.moves[ends - 1, ids] - self.moves[starts, ids] + 1
         which, starts, ends = _cut(starts, ends, n, self.cuts, ids * self.span)
-        codes = codes[which]
-        groups = self.seq_groups[self.step_frames[starts], np.maximum(codes, 0)]
+        codes, groups = codes[which], self.seq_groups[self.step_frames[starts], ids[which]]
         labels = _counted(codes, groups, self.n_groups)
         first = self.first + columns.start * self.cell_bin
         cols = (self.at[kept[which]].astype(np.int64) - first) // self.cell_bin
