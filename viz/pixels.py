@@ -24,6 +24,7 @@ from .owners import MIXED, Owners
 
 PAIRS_PER_BLOCK = 1 << 22  # a recorded mask's (token, cell) pairs enumerated at a time
 STRETCHES_AT_ONCE = 1 << 20  # changes a range of owner pixels' columns is summed over at a time
+MOVES_AT_ONCE = 1 << 16  # (step, id) group changes `_group_moves` counts at a time
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,11 @@ class _Integrals:
         times = keys & ((1 << time_bits) - 1)
         keys >>= time_bits
         keys <<= self.edge_bits
-        keys |= np.minimum((times - step_edges[0]) // step_bin + 1, n_edges)  # first edge past
+        edge = times - step_edges[0]  # the first row edge past each event
+        edge //= step_bin
+        edge += 1
+        keys |= np.minimum(edge, n_edges, out=edge)
+        del edge
         first = np.flatnonzero(np.diff(keys, prepend=-1))  # where each (group, edge) starts
         self.keys, self.counts = keys[first], np.add.reduceat(signs, first)
         np.negative(signs, out=signs)
@@ -149,7 +154,7 @@ class _Integrals:
     def held(self, labels: np.ndarray) -> np.ndarray:
         """[rows, cols] float64: per pixel, the cell-steps that its label of `labels` ([rows,
         cols] ints) holds, from the entries of that (column, label) before its row's edges
-        (the entries of the groups before sum to no cell)."""
+        (the groups' before add no slope, and an intercept its two edges cancel)."""
         n_edges = len(self.edges)
         slope = np.append(0, np.cumsum(self.counts))
         intercept = np.append(0, np.cumsum(self.spent))
@@ -205,7 +210,7 @@ class _Held:
         at = self.at
         held = np.flatnonzero((self.codes != FREE) & (at >= cells[0]) & (at < cells[1]))
         column = (at[held] - cells[0]) // cell_bin
-        n_columns = -(-(cells[1] - cells[0]) // cell_bin)
+        n_columns = max(-(-(cells[1] - cells[0]) // cell_bin), 0)  # none: a reversed range
         per_column = np.bincount(column, minlength=n_columns)
         self.ranges = list(blocks(per_column, STRETCHES_AT_ONCE))
         if len(self.ranges) > 1:
@@ -222,8 +227,8 @@ class _Held:
         ends = np.minimum(self.clock[index.frame_of(index.following[kept])], steps[1])
         kept, starts, ends = kept[starts < ends], starts[starts < ends], ends[starts < ends]
         codes = codes[kept].astype(np.int64)
-        ids = np.maximum(codes, 0)
-        n = self.moves[ends - 1, ids] - self.moves[starts, ids] + 1
+        ids = np.maximum(codes, 0)  # SHARED and CACHED are no id's: never cut
+        n = np.where(codes >= 0, self.moves[ends - 1, ids] - self.moves[starts, ids] + 1, 1)
         which, starts, ends = _cut(starts, ends, n, self.cuts, ids * self.span)
         codes, groups = codes[which], self.seq_groups[self.step_frames[starts], ids[which]]
         labels = _counted(codes, groups, self.n_groups)
@@ -238,15 +243,18 @@ def _group_moves(
     """([n_steps, max_seqs] int32 how often each id's group changed at steps 1 .. t, [c]
     int64 each change as id * span + step, ascending) of `seq_groups` ([n_frames,
     max_seqs] each id's group) at the `step_frames`: a stretch [s, e) of id i is cut
-    moves[e - 1, i] - moves[s, i] times (a gather, not a search), at its changes. Row by
-    row, reading the groups in place (a copy of them at the steps would double the memory;
-    numpy's cumsum down axis 0 is several times slower than the rows' adds)."""
+    moves[e - 1, i] - moves[s, i] times (a gather, not a search), at its changes. A block
+    of MOVES_AT_ONCE counts at a time, reading the groups in place (a copy of them at the
+    steps would double the memory; a step at a time costs a Python turn each)."""
     moves = np.zeros((len(step_frames), seq_groups.shape[1]), dtype=np.int32)
-    changes = [np.zeros(0, dtype=np.int64)]
-    for t in range(1, len(step_frames)):
-        changed = seq_groups[step_frames[t]] != seq_groups[step_frames[t - 1]]
-        np.add(moves[t - 1], changed, out=moves[t])
-        changes.append(np.flatnonzero(changed) * span + t)
+    changes, rows = [np.zeros(0, dtype=np.int64)], max(MOVES_AT_ONCE // moves.shape[1], 1)
+    for t0 in range(1, len(step_frames), rows):
+        t1 = min(t0 + rows, len(step_frames))
+        changed = seq_groups[step_frames[t0:t1]] != seq_groups[step_frames[t0 - 1 : t1 - 1]]
+        np.cumsum(changed, axis=0, dtype=np.int32, out=moves[t0:t1])
+        moves[t0:t1] += moves[t0 - 1]
+        step, ids = np.nonzero(changed)
+        changes.append(ids * span + t0 + step)
     return moves, np.sort(np.concatenate(changes))
 
 

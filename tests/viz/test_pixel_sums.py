@@ -10,7 +10,7 @@ import pytest
 from numbakv import Recorder
 from numbakv.core.snapshot import FREE
 from numbakv.reference import CellCache
-from numbakv.viz import owner_pixels, owners_of
+from numbakv.viz import owner_pixels, owners_of, pixels
 from numbakv.viz.owners import MIXED
 from numbakv.viz.pixels import _Integrals, _majority_labels, edges
 
@@ -81,15 +81,40 @@ def test_a_steps_range_far_past_the_trace_counts_its_steps():
     assert (pixels.occupied[0] * 2**56).tolist() == [1.0] * 4
 
 
-@pytest.mark.parametrize(("cells", "steps"), [((3, 3), (0, 2)), ((0, 4), (1, 1)), ((9, 9), (2, 2))])
+@pytest.mark.parametrize(
+    ("cells", "steps"), [((3, 3), (0, 2)), ((0, 4), (1, 1)), ((9, 9), (2, 2)), ((5, 3), (0, 2))]
+)
 def test_an_empty_range_has_no_pixels(cells, steps):
-    """No cells or no steps: pixels with no columns or no rows, not an error."""
+    """No cells (or a reversed range of them) or no steps: pixels with no columns or no
+    rows, not an error."""
     cache = CellCache(small_config(capacity=8, initial_cells=8))
     recorder = Recorder(cache)
     step_with(cache, [cache.seq_new()] * 4)
     step_with(cache, [0])
     trace = recorder.trace()
     pixels = owner_pixels(trace, owners_of(trace), cells, steps, 2, 1)
-    shape = (steps[1] - steps[0], -(-(cells[1] - cells[0]) // 2))
+    shape = (steps[1] - steps[0], max(-(-(cells[1] - cells[0]) // 2), 0))
     assert pixels.occupied.shape == pixels.shared.shape == pixels.label.shape == shape
     assert pixels.label.dtype == np.int64 and pixels.occupied.dtype == np.float64
+
+
+@pytest.mark.parametrize("at_once", [1, 5, 7, 1 << 16])
+@pytest.mark.parametrize("seed", range(4))
+def test_group_moves_count_each_ids_changes(seed, at_once, monkeypatch):
+    """The running count of each id's group changes and the changes themselves, against a
+    step-by-step count, whatever the block of steps counted at a time (the frames of the
+    steps skip some, as verbs between steps do)."""
+    monkeypatch.setattr(pixels, "MOVES_AT_ONCE", at_once)
+    rng = np.random.default_rng(seed)
+    n_frames, max_seqs = int(rng.integers(1, 40)), int(rng.integers(1, 6))
+    seq_groups = rng.integers(0, 3, (n_frames, max_seqs)).astype(np.int32)
+    step_frames = np.sort(rng.choice(n_frames, int(rng.integers(0, n_frames + 1)), replace=False))
+    span = len(step_frames) + 1
+    moves, cuts = pixels._group_moves(seq_groups, step_frames, span)
+    groups = seq_groups[step_frames]
+    changed = np.zeros(groups.shape, dtype=np.int32)
+    changed[1:] = groups[1:] != groups[:-1]
+    np.testing.assert_array_equal(moves, np.cumsum(changed, axis=0))
+    assert moves.dtype == np.int32
+    want = sorted(i * span + t for t, i in zip(*np.nonzero(changed), strict=True))
+    assert cuts.tolist() == want
