@@ -240,6 +240,7 @@ def plot_all(
         middle.subfigures(1, 2),
     )
     step = _step(trace, step)
+    trace.metrics()  # first, while the least is held: its free runs' memory is the largest
     owners = owners_of(trace, by)
     window = trace.config.distinct_windows[0] if window is None else window
     keep = {"cells": cells, "bin": bin}

@@ -80,6 +80,7 @@ class Trace:
         (`numbakv.trace.checks`)."""
         self.cell_index = check_arrays(config, arrays)  # the changes by cell, for the scans
         self._table: tuple = (-1, None, None)  # (frame, pos, owners) of `snapshot`'s last
+        self._metrics: dict | None = None  # `metrics`, once computed: [n_frames] arrays
         self.config = config
         self.arrays = arrays
         self._annotations = annotation_records(len(arrays["events"]), annotations)
@@ -208,7 +209,15 @@ class Trace:
         width         : step width (0 for frames that are not steps)
         growth        : True where the pool grew (or was first allocated)
         largest_free  : the longest run of free cells among the allocated rows
+
+        Computed once (the free runs take the most memory of any figure while computed),
+        each call given its own copies.
         """
+        if self._metrics is None:
+            self._metrics = self._computed_metrics()
+        return {name: values.copy() for name, values in self._metrics.items()}
+
+    def _computed_metrics(self) -> dict[str, np.ndarray]:
         used, held = scan.used_and_held(self.arrays, self.cell_index)
         read_len = self.arrays["read_len"].astype(np.int64)
         rows = self.arrays["rows"].astype(np.int64)

@@ -17,7 +17,7 @@ import numpy as np
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace.free_runs import largest_per_frame, radix_keys
 
-SPANS_AT_ONCE = 1 << 22  # owner events and counts `sequence_runs` makes at a time (ids)
+SPANS_AT_ONCE = 1 << 20  # owner events and counts `sequence_runs` makes at a time (ids)
 
 
 def change_frames(arrays: dict[str, np.ndarray]) -> np.ndarray:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from numbakv import Recorder, Trace, load_trace
 from numbakv.core.errors import SequenceError, TraceError
 from numbakv.reference import CellCache
+from numbakv.trace import scan
 
 from helpers import Snapshots, churn, npy, small_config, step_with
 
@@ -79,6 +80,21 @@ def test_close_stops_recording():
     recorder.close()
     step_with(cache, [a])
     assert recorder.trace().n_frames == 2
+
+
+def test_metrics_are_computed_once_and_given_as_copies(monkeypatch):
+    """A trace computes its metrics once; each call gets its own arrays, so changing one
+    changes neither the next call's nor another caller's."""
+    cache = CellCache(small_config(capacity=32, initial_cells=2))
+    recorder = Recorder(cache)
+    churn(cache, list(range(1, 200, 7)))
+    trace = recorder.trace()
+    first = trace.metrics()
+    monkeypatch.setattr(scan, "largest_free_run", lambda *args: pytest.fail("computed twice"))
+    first["used"][:] = -1
+    second = trace.metrics()
+    assert second.keys() == first.keys() and (second["used"] >= 0).all()
+    assert all(second[k] is not trace.metrics()[k] for k in second)
 
 
 def test_metrics_follow_the_snapshots():
