@@ -16,7 +16,7 @@ import numpy as np
 from numbakv.core.snapshot import FREE, SHARED
 from numbakv.trace import TraceStep
 from numbakv.trace.frames import Trace
-from numbakv.trace.free_runs import radix_keys
+from numbakv.trace.free_runs import radix_keys, run_starts
 from numbakv.trace.scan import blocks, owner_bits
 
 from .holders import CACHED, cell_changes, change_index
@@ -129,7 +129,7 @@ class _Integrals:
         edge += 1
         keys |= np.minimum(edge, n_edges, out=edge)
         del edge
-        first = np.flatnonzero(np.diff(keys, prepend=-1))  # where each (group, edge) starts
+        first = run_starts(keys)  # where each (group, edge) starts
         self.keys, self.counts = keys[first], np.add.reduceat(signs, first)
         np.negative(signs, out=signs)
         signs *= times

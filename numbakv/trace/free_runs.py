@@ -71,11 +71,11 @@ def _flip_bits(frames: np.ndarray, cells: np.ndarray, n_frames: int, n_leaves: i
 def _words(keys: np.ndarray, bits: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
     """([e] distinct `keys`, [e] uint64 the leaf's word after the frame): the XOR of the
     `bits` flipped at each key, then of every key of its leaf before it."""
-    first = _starts(keys)
+    first = run_starts(keys)
     words = np.bitwise_xor.accumulate(np.bitwise_xor.reduceat(bits, first))
     keys = keys[first]
     # a leaf's word: the running XOR less what the leaves before it left
-    leaf_first = _starts(keys // n_frames)
+    leaf_first = run_starts(keys // n_frames)
     sizes = np.diff(leaf_first, append=len(keys))
     words ^= np.append(np.uint64(0), words)[np.repeat(leaf_first, sizes)]
     return keys, words
@@ -110,7 +110,7 @@ def _parents(keys: np.ndarray, runs: tuple, n_frames: int, span: int) -> tuple:
     from each child's latest entry at or before the frame (none: all its cells taken)."""
     # a parent's keys are two ascending runs (its left child's, its right's): timsort merges
     parents = np.sort((keys // n_frames >> 1) * n_frames + keys % n_frames, kind="stable")
-    parents = parents[_starts(parents)]
+    parents = parents[run_starts(parents)]
     children = (parents // n_frames * 2) * n_frames + parents % n_frames
     (lh, lt, lb), (rh, rt, rb) = (
         _latest(keys, runs, child, n_frames) for child in (children, children + n_frames)
@@ -161,6 +161,7 @@ def radix_keys(keys: np.ndarray, n: int) -> np.ndarray:
     return keys.astype(np.uint16) if n <= 1 << 16 else keys
 
 
-def _starts(ascending: np.ndarray) -> np.ndarray:
-    """[g] int64: where each run of equal values of `ascending` ([k] ints) starts."""
-    return np.flatnonzero(np.append(True, ascending[1:] != ascending[:-1]))
+def run_starts(ascending: np.ndarray) -> np.ndarray:
+    """[g] int64: where each run of equal values of `ascending` ([k] ints) starts (none
+    for none)."""
+    return np.flatnonzero(np.append(True, ascending[1:] != ascending[:-1])[: len(ascending)])
