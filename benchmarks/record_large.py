@@ -11,8 +11,10 @@ The workload is tests/viz/scheduler_workload.py's (a shared system prompt cloned
 requests, n = 2 forks, recompute preemption, decode-first steps with chunked prefill) on the
 reference cache at the scale's cells, steps, width and sequences (SCALES). Phases: the
 workload unrecorded; recorded (a `Recorder` frame per step, annotated by request), then
-`save`; unrecorded again; `load_trace`; then `numbakv viz --kind K` for each kind of
-benchmarks.plots (`all` included). The mean of the two unrecorded runs is the unit: the
+`save`; unrecorded again; `load_trace` (the library call, the allocator as Python leaves
+it); then `numbakv viz --kind K` for each kind of benchmarks.plots (`all`
+included), in a process set up as the command sets up its own (its allocator keeping
+freed memory, `numbakv.cli.process`). The mean of the two unrecorded runs is the unit: the
 recording overhead is (recorded run + save - unrecorded) / unrecorded, and every other
 phase's seconds are printed as multiples of it too, beside its process's peak resident
 memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib included). Of

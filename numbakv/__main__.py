@@ -2,6 +2,6 @@
 
 import sys
 
-from numbakv.cli import main
+from numbakv.cli import command
 
-sys.exit(main())
+sys.exit(command())

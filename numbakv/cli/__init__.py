@@ -13,11 +13,13 @@ stderr naming the bad argument or file.
     demo    `numbakv demo`: the serving workload on the device, checked against the reference
     viz     `numbakv viz`: the pictures of a trace
     replay  `numbakv replay`: an op log or trace replayed into a cache beside the reference
+    process what the command sets up in its own process (`command`), a library call never
 """
 
 import numbakv
 from numbakv.cli import demo, replay, viz
 from numbakv.cli.args import Parser
+from numbakv.cli.process import keep_freed_memory
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,3 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         command.add_command(commands)
     args = parser.parse_args(argv)
     return args.run(args, args.parser)
+
+
+def command() -> int:
+    """The `numbakv` executable (and `python -m numbakv`): `main()` in a process whose
+    allocator keeps the memory it frees (`keep_freed_memory`), which a command owns and a
+    program calling `main` may not want."""
+    keep_freed_memory()
+    return main()

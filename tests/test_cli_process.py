@@ -1,0 +1,82 @@
+"""The `numbakv` command keeps the memory its process frees (`numbakv.cli.process`); a
+program calling `numbakv.cli.main` keeps its own allocator's settings."""
+
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+import numbakv
+import numbakv.cli
+from numbakv.cli import process
+
+GLIBC = bool(getattr(os, "confstr", lambda name: None)("CS_GNU_LIBC_VERSION"))
+
+# page faults of 8 arrays of 64 MiB, each written whole and freed, before and after
+# keep_freed_memory: numbers a count can hold (a fault is a page of 4 KiB or 2 MiB)
+CYCLES = """
+import resource, sys
+import numpy as np
+from numbakv.cli.process import keep_freed_memory
+
+def faults():
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(8):
+        np.ones(8 << 20)  # 64 MiB, past the 32 MiB malloc maps for itself by default
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+
+before = faults()
+kept = keep_freed_memory()
+faults()  # the heap grows to hold one such array
+print(before, kept, faults())
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="keep_freed_memory sets glibc's malloc")
+def test_freed_arrays_are_reused_instead_of_faulted_in_again():
+    done = subprocess.run([sys.executable, "-c", CYCLES], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before, kept, after = done.stdout.split()
+    assert kept == "True"
+    # each array faulted in whole before (at least 32 huge pages of 2 MiB); none after
+    assert int(before) >= 8 * 32 and int(after) * 8 < int(before), done.stdout
+
+
+def test_without_glibc_nothing_is_set(monkeypatch):
+    def no_glibc(name):
+        raise ValueError(f"unrecognized configuration name {name!r}")
+
+    def no_library(*args):
+        raise AssertionError("the C library was opened")
+
+    monkeypatch.setattr(process.os, "confstr", no_glibc)
+    monkeypatch.setattr(process.ctypes, "CDLL", no_library)
+    assert process.keep_freed_memory() is False
+
+
+def test_the_executable_sets_it_up_and_main_does_not(monkeypatch):
+    calls = []
+    monkeypatch.setattr(numbakv.cli, "keep_freed_memory", lambda: calls.append("kept"))
+    with pytest.raises(SystemExit) as shown:
+        numbakv.cli.main(["--version"])
+    assert shown.value.code == 0 and calls == []
+    monkeypatch.setattr(sys, "argv", ["numbakv", "--version"])
+    with pytest.raises(SystemExit):
+        numbakv.cli.command()
+    assert calls == ["kept"]
+
+
+def test_the_console_script_and_python_dash_m_run_the_command(tmp_path):
+    (script,) = entry_points(group="console_scripts", name="numbakv")
+    assert script.value == "numbakv.cli:command"
+    patched = (
+        "import runpy, sys; import numbakv.cli as cli; "
+        "cli.keep_freed_memory = lambda: print('kept'); sys.argv = ['numbakv', '--version']; "
+        "runpy.run_module('numbakv', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", patched], capture_output=True, text=True,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["kept", f"numbakv {numbakv.__version__}"]
