@@ -14,8 +14,9 @@ codes, the owner bits each change to a shared cell flips. Every pass costs O(cel
 touched), none O(capacity) (the copy of the table is allocated once, its owners' pages
 mapped as shared cells are recorded), and a pass's fixed cost is shared by the frames of a
 batch (BATCH_FRAMES, BATCH_CELLS). Each column's chunks are deflated into its member of
-the trace file on a background thread, a MiB at a time (`zip_stream`), so `save` has
-little left to deflate.
+the trace file on a background thread, a MiB at a time (`zip_stream`), and only that is
+kept: a recorder holds its frames in about the file's size, and `save` has little left
+to deflate.
 """
 
 import numpy as np
@@ -26,7 +27,7 @@ from numbakv.core.snapshot import FREE, SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, write_trace_file
 from numbakv.trace.frames import Trace
-from numbakv.trace.zip_stream import Deflated, Stream, npy_head
+from numbakv.trace.zip_stream import Deflated, Stream, inflated, npy_head
 
 BATCH_FRAMES = 256  # pending frames that make a batch
 BATCH_CELLS = 1 << 14  # or pending cells read: a batch holds their [cells, words] owners
@@ -145,7 +146,8 @@ class Recorder:
                 c[name].extend(values)
 
     def trace(self) -> Trace:
-        """The frames recorded so far (read-only views of the recorder's arrays)."""
+        """The frames recorded so far: read-only arrays, inflated from the recorder's deflated
+        columns (and checked, as `load_trace` checks a file)."""
         self._flush()
         arrays = {name: column.view() for name, column in self._columns.items()}
         return Trace(self.config, arrays, self._annotations)
@@ -300,34 +302,36 @@ def _bits(values: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
 
 
 class _Column:
-    """A numpy array appended to in chunks and joined when read: appending costs O(1) (the
-    chunk is kept, not copied), reading the n entries O(n) once. The chunks go to the
-    column's member of the trace file too, deflated off this thread a MiB at a time."""
+    """A numpy array appended to in chunks, kept only deflated: each chunk goes to the
+    column's member of the trace file, deflated off this thread a MiB at a time
+    (`zip_stream`), so the recorder holds a long run in its file's size, not its arrays'.
+    Reading the n entries inflates them, O(n)."""
 
     def __init__(self, dtype, width: int | None = None):
-        self._chunks = [np.zeros((0,) if width is None else (0, width), dtype=dtype)]
+        self._dtype, self._shape = np.dtype(dtype), () if width is None else (width,)
         self._n = 0
         self._stream = Stream()
 
     def extend(self, values) -> None:
-        self._chunks.append(np.ascontiguousarray(values, dtype=self._chunks[0].dtype))
-        self._n += len(self._chunks[-1])
-        self._stream.append(self._chunks[-1])
+        chunk = np.ascontiguousarray(values, dtype=self._dtype)
+        self._n += len(chunk)
+        self._stream.append(chunk)
 
     def deflated(self) -> Deflated:
         """The column's `.npy` member, deflated: the entries so far."""
-        shape = (self._n, *self._chunks[0].shape[1:])
-        return self._stream.finish(npy_head(shape, self._chunks[0].dtype))
+        return self._stream.finish(self._head())
 
     def __len__(self) -> int:
         return self._n
 
     def view(self) -> np.ndarray:
-        if len(self._chunks) > 1:
-            self._chunks = [np.concatenate(self._chunks)]
-        view = self._chunks[0].view()
-        view.flags.writeable = False
-        return view
+        """The entries so far, read-only (inflated from the column's member)."""
+        head = self._head()
+        body = inflated(self._stream.finish(head))
+        return np.frombuffer(body, self._dtype, offset=len(head)).reshape(self._n, *self._shape)
+
+    def _head(self) -> bytes:
+        return npy_head((self._n, *self._shape), self._dtype)
 
 
 def _distinct(cells: np.ndarray) -> np.ndarray:

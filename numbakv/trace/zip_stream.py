@@ -112,6 +112,12 @@ def _raw_deflate():
     return zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
 
 
+def inflated(member: Deflated) -> bytes:
+    """The bytes `member` holds: its deflate stream inflated."""
+    inflate = zlib.decompressobj(-15)
+    return b"".join([*(inflate.decompress(part) for part in member.parts), inflate.flush()])
+
+
 def deflated(array: np.ndarray) -> Deflated:
     """The `.npy` member of `array`: the bytes `np.save` writes, deflated."""
     stream = Stream()

@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 from numbakv import load_trace
 from numbakv.trace import zip_stream
-from numbakv.trace.zip_stream import Stream, crc32_combine, deflated, npy_head, write_zip
+from numbakv.trace.zip_stream import (
+    Stream,
+    crc32_combine,
+    deflated,
+    inflated,
+    npy_head,
+    write_zip,
+)
 
 
 @given(st.binary(max_size=300), st.binary(max_size=300))
@@ -73,6 +80,11 @@ def test_a_stream_finished_goes_on_and_finishes_again():
     with archive({"a.npy": first, "b.npy": second}) as zipped:
         np.testing.assert_array_equal(np.load(io.BytesIO(zipped.read("a.npy"))), np.arange(5))
         np.testing.assert_array_equal(np.load(io.BytesIO(zipped.read("b.npy"))), np.arange(8))
+    for member, n in ((first, 5), (second, 8)):  # inflated here as zipfile inflates them
+        assert (
+            inflated(member)
+            == npy_head((n,), np.dtype(np.int32)) + np.arange(n).astype(np.int32).tobytes()
+        )
 
 
 def test_an_error_on_the_worker_thread_is_raised_by_finish():
