@@ -1,7 +1,7 @@
 """The `numbakv` command keeps the memory its process frees (`numbakv.cli.process`); a
 program calling `numbakv.cli.main` keeps its own allocator's settings."""
 
-import os
+import platform
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -12,7 +12,7 @@ import numbakv
 import numbakv.cli
 from numbakv.cli import process
 
-GLIBC = bool(getattr(os, "confstr", lambda name: None)("CS_GNU_LIBC_VERSION"))
+GLIBC = platform.libc_ver()[0] == "glibc"
 
 # page faults of 8 arrays of 64 MiB, each written whole and freed, before and after
 # keep_freed_memory: numbers a count can hold (a fault is a page of 4 KiB or 2 MiB)
@@ -24,7 +24,7 @@ from numbakv.cli.process import keep_freed_memory
 def faults():
     start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(8):
-        np.ones(8 << 20)  # 64 MiB, past the 32 MiB malloc maps for itself by default
+        np.ones(8 << 20)  # 64 MiB: past the 32 MiB from which malloc maps a block by default
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
 
 before = faults()
@@ -53,6 +53,40 @@ def test_without_glibc_nothing_is_set(monkeypatch):
 
     monkeypatch.setattr(process.os, "confstr", no_glibc)
     monkeypatch.setattr(process.ctypes, "CDLL", no_library)
+    assert process.keep_freed_memory() is False
+
+
+class Libc:
+    """A C library whose mallopt answers `answer` to every call, and records them."""
+
+    def __init__(self, answer: int):
+        self.calls, self.answer = [], answer
+
+    @property
+    def mallopt(self):
+        def mallopt(param: int, value: int) -> int:
+            self.calls.append((param, value))
+            return self.answer
+
+        return mallopt
+
+
+@pytest.mark.parametrize("answer", [0, 1])
+def test_glibc_is_asked_to_map_no_block_and_to_trim_past_2_gib(monkeypatch, answer):
+    libc = Libc(answer)
+    monkeypatch.setattr(process.os, "confstr", lambda name: "glibc 2.31")
+    monkeypatch.setattr(process.ctypes, "CDLL", lambda name: libc)
+    assert process.keep_freed_memory() is bool(answer)  # a glibc that refuses: False
+    asked = [(process.M_MMAP_MAX, 0), (process.M_TRIM_THRESHOLD, 2**31 - 1)]
+    assert libc.calls == asked[: 1 + answer]
+
+
+def test_a_c_library_that_cannot_be_opened_sets_nothing(monkeypatch):
+    def unopened(name):
+        raise OSError("no such library")
+
+    monkeypatch.setattr(process.os, "confstr", lambda name: "glibc 2.36")
+    monkeypatch.setattr(process.ctypes, "CDLL", unopened)
     assert process.keep_freed_memory() is False
 
 
