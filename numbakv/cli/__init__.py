@@ -13,7 +13,7 @@ stderr naming the bad argument or file.
     demo    `numbakv demo`: the serving workload on the device, checked against the reference
     viz     `numbakv viz`: the pictures of a trace
     replay  `numbakv replay`: an op log or trace replayed into a cache beside the reference
-    process what the command sets up in its own process (`command`), a library call never
+    process what the executable sets up in its own process (`command`) and `main` does not
 """
 
 import numbakv
