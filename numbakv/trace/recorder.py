@@ -27,7 +27,7 @@ from numbakv.core.snapshot import FREE, SHARED, owner_codes
 from numbakv.trace.checks import annotation_problem, plain_data
 from numbakv.trace.file import ARRAYS, FRAME_EVENTS, write_trace_file
 from numbakv.trace.frames import Trace
-from numbakv.trace.zip_stream import Deflated, Stream, inflated, npy_head
+from numbakv.trace.zip_stream import Deflated, Stream, npy_head
 
 BATCH_FRAMES = 256  # pending frames that make a batch
 BATCH_CELLS = 1 << 14  # or pending cells read: a batch holds their [cells, words] owners
@@ -319,19 +319,15 @@ class _Column:
 
     def deflated(self) -> Deflated:
         """The column's `.npy` member, deflated: the entries so far."""
-        return self._stream.finish(self._head())
+        return self._stream.finish(npy_head((self._n, *self._shape), self._dtype))
 
     def __len__(self) -> int:
         return self._n
 
     def view(self) -> np.ndarray:
-        """The entries so far, read-only (inflated from the column's member)."""
-        head = self._head()
-        body = inflated(self._stream.finish(head))
-        return np.frombuffer(body, self._dtype, offset=len(head)).reshape(self._n, *self._shape)
-
-    def _head(self) -> bytes:
-        return npy_head((self._n, *self._shape), self._dtype)
+        """The entries so far, read-only (inflated from the column's stream)."""
+        body = self._stream.contents()
+        return np.frombuffer(body, self._dtype).reshape(self._n, *self._shape)
 
 
 def _distinct(cells: np.ndarray) -> np.ndarray:

@@ -9,7 +9,9 @@ header, known only once the body's length is) and gives the member as `Deflated`
 `write_zip` writes those as one archive that `zipfile` and numpy read, zip64 where a size
 or an offset needs it. The head is deflated on its own and ends on a full flush (byte
 aligned, not the last block), so the body's deflate stream follows it as one stream; the
-CRC-32 of both comes from theirs (`crc32_combine`, zlib's).
+CRC-32 of both comes from theirs (`crc32_combine`, zlib's). Each hand-off's part of the
+body ends on a sync flush, so `Stream.contents` can inflate the parts so far whole, and a
+chunk the worker fails to deflate is kept as it came, with those after it.
 """
 
 import contextlib
@@ -60,6 +62,7 @@ class Stream:
         self._error: BaseException | None = None
         self._waiting: list[np.ndarray] = []  # chunks appended, not yet handed to the worker
         self._waiting_bytes = 0
+        self._kept: list[np.ndarray] = []  # the chunks from the first that failed on, raw
 
     def append(self, chunk: np.ndarray) -> None:
         """Deflates `chunk` (a C-contiguous array its owner no longer changes) after every
@@ -83,20 +86,36 @@ class Stream:
         crc = crc32_combine(zlib.crc32(head), crc, size)
         return Deflated([first, *parts], crc, len(head) + size)
 
+    def contents(self) -> bytes:
+        """Every byte appended so far (the body, no head), once the worker is done with what
+        was queued before: the deflated chunks inflated, then those kept as they came from
+        the first that failed to deflate on (which `finish` raises, and this does not)."""
+        self._hand_off()
+        parts, kept = _submit(lambda: (list(self._parts), list(self._kept))).result()
+        inflate = zlib.decompressobj(-15)
+        body = [inflate.decompress(part) for part in parts]
+        return b"".join([*body, *(np.ascontiguousarray(chunk).tobytes() for chunk in kept)])
+
     def _hand_off(self) -> None:
         if self._waiting:
             _submit(self._deflate_chunks, self._waiting)
             self._waiting, self._waiting_bytes = [], 0
 
     def _deflate_chunks(self, chunks: list[np.ndarray]) -> None:
-        try:
-            flat = [c.reshape(-1).view(np.uint8) for c in chunks]
-            chunk = flat[0] if len(flat) == 1 else np.concatenate(flat)
-            self._parts.append(self._compressor().compress(chunk))
-            self._crc = zlib.crc32(chunk, self._crc)
-            self._size += chunk.nbytes
-        except BaseException as error:  # raised by `finish`, on the caller's thread
-            self._error = self._error or error
+        if self._error is None:
+            try:
+                flat = [c.reshape(-1).view(np.uint8) for c in chunks]
+                chunk = flat[0] if len(flat) == 1 else np.concatenate(flat)
+                deflate = self._compressor()
+                # a sync flush ends each hand-off's part on a byte boundary, all of it out:
+                # `contents` inflates the parts whole whatever fails after them
+                self._parts.append(deflate.compress(chunk) + deflate.flush(zlib.Z_SYNC_FLUSH))
+                self._crc = zlib.crc32(chunk, self._crc)
+                self._size += chunk.nbytes
+                return
+            except BaseException as error:  # raised by `finish`, on the caller's thread
+                self._error = error
+        self._kept.extend(chunks)
 
     def _end(self) -> tuple[list[bytes], int, int]:
         return [*self._parts, self._compressor().copy().flush()], self._crc, self._size
@@ -110,12 +129,6 @@ class Stream:
 def _raw_deflate():
     """A deflate stream at LEVEL, raw (no zlib header or trailer: zip's own)."""
     return zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
-
-
-def inflated(member: Deflated) -> bytes:
-    """The bytes `member` holds: its deflate stream inflated."""
-    inflate = zlib.decompressobj(-15)
-    return b"".join([*(inflate.decompress(part) for part in member.parts), inflate.flush()])
 
 
 def deflated(array: np.ndarray) -> Deflated:
