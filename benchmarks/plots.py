@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from numbakv.cli import main as cli_main
-from numbakv.cli.process import keep_freed_memory
+from numbakv.cli.process import set_up
 
 KINDS = ("cells", "mask", "timeline", "metrics", "locality", "movie", "all")
 
@@ -27,7 +27,7 @@ def draw(trace: str, kind: str, folder: str) -> float:
     """Seconds of `numbakv viz TRACE --kind KIND` (load, draw, save) into `folder`, this
     process set up first as the command sets up its own (`numbakv.cli.command`)."""
     started = time.perf_counter()
-    keep_freed_memory()
+    set_up()
     out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
     cli_main(["viz", trace, "--kind", kind, "-o", str(out)])
     return time.perf_counter() - started

@@ -1,5 +1,6 @@
-"""The `numbakv` command keeps the memory its process frees (`numbakv.cli.process`); a
-program calling `numbakv.cli.main` keeps its own allocator's settings."""
+"""The `numbakv` command keeps the memory its process frees and has numpy's arrays on small
+pages (`numbakv.cli.process`); a program calling `numbakv.cli.main` keeps its own
+allocator's and numpy's settings."""
 
 import platform
 import subprocess
@@ -90,16 +91,45 @@ def test_a_c_library_that_cannot_be_opened_sets_nothing(monkeypatch):
     assert process.keep_freed_memory() is False
 
 
+SMALL_PAGES = """
+import numpy as np
+from numbakv.cli.process import small_pages
+
+switch = np._core.multiarray._set_madvise_hugepage  # gives the setting before the call
+switch(True)
+print(small_pages(), switch(True))
+"""
+
+
+def test_numpy_is_told_to_ask_for_no_huge_pages():
+    done = subprocess.run([sys.executable, "-c", SMALL_PAGES], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"], done.stdout  # huge pages were off
+
+
+def test_a_numpy_without_the_switch_is_left_alone(monkeypatch):
+    monkeypatch.delattr(process.np._core.multiarray, "_set_madvise_hugepage")
+    assert process.small_pages() is False
+
+
+def test_set_up_keeps_freed_memory_and_small_pages(monkeypatch):
+    calls = []
+    monkeypatch.setattr(process, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(process, "small_pages", lambda: calls.append("small"))
+    process.set_up()
+    assert calls == ["kept", "small"]
+
+
 def test_the_executable_sets_it_up_and_main_does_not(monkeypatch):
     calls = []
-    monkeypatch.setattr(numbakv.cli, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(numbakv.cli, "set_up", lambda: calls.append("set up"))
     with pytest.raises(SystemExit) as shown:
         numbakv.cli.main(["--version"])
     assert shown.value.code == 0 and calls == []
     monkeypatch.setattr(sys, "argv", ["numbakv", "--version"])
     with pytest.raises(SystemExit):
         numbakv.cli.command()
-    assert calls == ["kept"]
+    assert calls == ["set up"]
 
 
 def test_the_console_script_and_python_dash_m_run_the_command(tmp_path):
@@ -107,10 +137,10 @@ def test_the_console_script_and_python_dash_m_run_the_command(tmp_path):
     assert script.value == "numbakv.cli:command"
     patched = (
         "import runpy, sys; import numbakv.cli as cli; "
-        "cli.keep_freed_memory = lambda: print('kept'); sys.argv = ['numbakv', '--version']; "
+        "cli.set_up = lambda: print('set up'); sys.argv = ['numbakv', '--version']; "
         "runpy.run_module('numbakv', run_name='__main__')"
     )
     done = subprocess.run([sys.executable, "-c", patched], capture_output=True, text=True,
                           cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["kept", f"numbakv {numbakv.__version__}"]
+    assert done.stdout.splitlines() == ["set up", f"numbakv {numbakv.__version__}"]

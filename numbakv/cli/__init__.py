@@ -19,7 +19,7 @@ stderr naming the bad argument or file.
 import numbakv
 from numbakv.cli import demo, replay, viz
 from numbakv.cli.args import Parser
-from numbakv.cli.process import keep_freed_memory
+from numbakv.cli.process import set_up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command() -> int:
-    """The `numbakv` executable (and `python -m numbakv`): `main()` in a process whose
-    allocator keeps the memory it frees (`keep_freed_memory`), which a command owns and a
-    program calling `main` may not want."""
-    keep_freed_memory()
+    """The `numbakv` executable (and `python -m numbakv`): `main()` in a process set up as
+    a command owns it and a program calling `main` may not want (`process.set_up`: its
+    allocator keeps the memory it frees, numpy's arrays on small pages)."""
+    set_up()
     return main()

@@ -1,8 +1,11 @@
-"""What `numbakv` as a command sets up in its own process, and a library call never does:
-an allocator that keeps the memory the process frees (`keep_freed_memory`)."""
+"""What `numbakv` as a command sets up in its own process, and a library call never does
+(`set_up`): an allocator that keeps the memory the process frees (`keep_freed_memory`),
+and numpy's arrays on the kernel's small pages (`small_pages`)."""
 
 import ctypes
 import os
+
+import numpy as np
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
@@ -14,13 +17,12 @@ def keep_freed_memory() -> bool:
     """Has glibc's malloc take every block from its heap and hand the heap's free top back
     only past 2 GiB, so the memory this process frees goes to its next arrays. By default
     a block of 32 MiB or more is mapped for itself and handed back when freed (smaller ones
-    too, early on), so the next array of that size faults every page in again; where the
-    kernel backs numpy's large arrays with transparent huge pages, such a fault may first
-    compact the system's memory. Reading and drawing a trace of a GPU-sized pool makes
-    many such temporaries: at 1 Mi cells x 10 000 steps, `load_trace` spent 0.6-2.1 s of
-    its 2.1-3.6 s in the kernel, and 0.14-0.41 s of 1.6-2.0 s with this set, at the same
-    peak memory (docs/pictures.md). The process then keeps most of its peak memory until
-    it exits: right for a command, never set by a library call.
+    too, early on), so the next array of that size faults every page in again. Reading and
+    drawing a trace of a GPU-sized pool makes many such temporaries: at 1 Mi cells x 10 000
+    steps, on small pages (`small_pages`), `load_trace` took 1.86-1.93 s with this set and
+    2.11-2.15 s without, at the same peak memory (docs/pictures.md). The process then
+    keeps most of its peak memory until it exits: right for a command, never set by a
+    library call.
 
     Returns True once set; False, changing nothing, where the C library is not glibc or
     refuses."""
@@ -32,3 +34,28 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_PAST))
+
+
+def small_pages() -> bool:
+    """Has numpy stop asking the kernel for transparent huge pages for its large arrays
+    (madvise MADV_HUGEPAGE, from 4 MiB: numpy's NUMPY_MADVISE_HUGEPAGE=0, set after import).
+    Where the kernel's THP defrag is `madvise`, a common default, a huge page's first fault
+    may compact the system's memory first, on the faulting thread, for as long as the
+    host's memory is fragmented: at 1 Mi cells x 10 000 steps, with the freed memory kept,
+    `load_trace` took 2.13-3.31 s, 0.65-1.72 s of it in the kernel, on huge pages and
+    1.86-1.93 s, 0.32-0.34 s in the kernel, on small ones (docs/pictures.md). A command's
+    arrays live too short for a huge page's fewer TLB misses to pay that back.
+
+    Returns True once set; False, changing nothing, where numpy has no such switch."""
+    switch = getattr(np._core.multiarray, "_set_madvise_hugepage", None)
+    if switch is None:
+        return False
+    switch(False)
+    return True
+
+
+def set_up() -> None:
+    """What the `numbakv` executable sets up in its process before it runs: the memory it
+    frees kept (`keep_freed_memory`) and its arrays on small pages (`small_pages`)."""
+    keep_freed_memory()
+    small_pages()
