@@ -12,14 +12,19 @@ requests, n = 2 forks, recompute preemption, decode-first steps with chunked pre
 reference cache at the scale's cells, steps, width and sequences (SCALES). Phases: the
 workload unrecorded; recorded (a `Recorder` frame per step, annotated by request), then
 `save`; unrecorded again; `load_trace` (the library call, the allocator as Python leaves
-it); then `numbakv viz --kind K` for each kind of benchmarks.plots (`all`
-included), in a process set up as the command sets up its own (its allocator keeping
-freed memory, `numbakv.cli.process`). The mean of the two unrecorded runs is the unit: the
-recording overhead is (recorded run + save - unrecorded) / unrecorded, and every other
-phase's seconds are printed as multiples of it too, beside its process's peak resident
-memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib included). Of
-a picture's seconds, the imports it makes (matplotlib and numbakv.viz, the same for any
-trace) are timed apart too: "imports x".
+it); then `numbakv viz --kind K` for each kind of benchmarks.plots (`all` included), in a
+process set up as the command sets up its own (`numbakv.cli.process`: its allocator keeping
+freed memory, numpy's arrays on small pages). The mean of the two unrecorded runs is the
+unit: the recording overhead is (recorded run + save - unrecorded) / unrecorded, "in the
+recorder" its own calls (constructed, its observer, annotate, save), "the rest" what the
+workload's own work took longer beside them (the cache's verbs, run among the recorder's).
+Every other phase's seconds are printed as multiples of it too, beside its process's peak
+resident memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib
+included). Of a picture's seconds, the imports it makes (matplotlib and numbakv.viz, the
+same for any trace) are timed apart too: "imports x". "floor x" is the same picture of
+`--quick`'s nearly empty trace (recorded after the others), in the same unit: what a picture
+costs whatever the trace (the imports, loading, matplotlib's layout, text and file), which
+no picture of this scale's trace can go under.
 """
 
 import argparse
@@ -35,6 +40,7 @@ import numpy as np
 
 from benchmarks.common import cells_label, print_machine, print_table
 from benchmarks.plots import KINDS, draw
+from numbakv.cli.process import set_up
 
 SCALES = {  # cells, steps, width, sequences
     "quick": dict(cells=8192, steps=200, width=256, seqs=16),  # the workload prefills 256 a step
@@ -46,6 +52,26 @@ SCALES = {  # cells, steps, width, sequences
 def peak_mib() -> float:
     """This process's peak resident memory, MiB (ru_maxrss is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Stopwatch:
+    """The seconds spent in calls of the functions it wraps (`wrap`), nested calls once."""
+
+    def __init__(self):
+        self.seconds, self._depth = 0.0, 0
+
+    def wrap(self, function):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 def run(scale: dict, path: str | None = None) -> dict:
@@ -60,14 +86,16 @@ def run(scale: dict, path: str | None = None) -> dict:
         initial_cells=min(4096, scale["cells"]),
     )  # fmt: skip
     cache = CellCache(config)
+    inside = Stopwatch()  # the recorder's own calls: its observer and annotate
+    Recorder._on_event = inside.wrap(Recorder._on_event)  # the observer a Recorder adds
     start = time.perf_counter()
-    recorder = None if path is None else Recorder(cache)
-    hooks = () if recorder is None else (recorder.annotate,)
+    recorder = None if path is None else inside.wrap(Recorder)(cache)
+    hooks = () if recorder is None else (inside.wrap(recorder.annotate),)
     workload = Workload(cache, np.random.default_rng(0), (128, 1024), *hooks)
     for _ in range(scale["steps"]):
         workload.step()
     figures = {"run_s": time.perf_counter() - start, "requests": workload.n_requests,
-               "preemptions": workload.preemptions}  # fmt: skip
+               "preemptions": workload.preemptions, "recorder_s": inside.seconds}  # fmt: skip
     if recorder is not None:
         start = time.perf_counter()
         recorder.save(path)
@@ -87,7 +115,9 @@ def load(path: str) -> dict:
 
 def plot(path: str, kind: str, folder: str) -> dict:
     """`numbakv viz --kind KIND`'s seconds, the imports it makes (matplotlib and
-    numbakv.viz, the same for every trace) timed apart first."""
+    numbakv.viz, the same for every trace) timed apart first, in this process set up
+    before them, as the command sets up its own before it imports them."""
+    set_up()
     start = time.perf_counter()
     import matplotlib.backend_bases  # noqa: F401  (what `numbakv viz` imports)
 
@@ -118,28 +148,37 @@ def child(name: str, rest: list[str]) -> int:
 def measure(scale: dict, folder: str) -> tuple[dict, list[list[str]]]:
     """Every phase, each in its own process: (the recorded run's figures and the trace's
     frames, the table's rows: phase, seconds, multiple of the unrecorded run, of a
-    picture's seconds the imports', peak MiB)."""
+    picture's seconds the imports', the same picture of --quick's trace, peak MiB)."""
     path = str(Path(folder) / "trace.npz")
     runs = [phase("run", json.dumps(scale)), phase("run", json.dumps(scale), path)]
     runs.append(phase("run", json.dumps(scale)))
     loaded = phase("load", path)
-    drawn = [(f"viz --kind {kind}", phase("plot", path, kind, folder)) for kind in KINDS]
+    drawn = [(kind, phase("plot", path, kind, folder)) for kind in KINDS]
+    floor = dict(drawn)  # a nearly empty trace's pictures: what drawing costs at any size
+    if scale != SCALES["quick"]:
+        tiny = str(Path(folder) / "tiny.npz")
+        phase("run", json.dumps(SCALES["quick"]), tiny)
+        floor = {kind: phase("plot", tiny, kind, folder) for kind in KINDS}
     before, recorded, after = runs
     unit = (before["run_s"] + after["run_s"]) / 2
     both = recorded["run_s"] + recorded["save_s"]
     rows = [
-        ("unrecorded, before", before["run_s"], None, before["peak_mib"]),
-        ("recorded", recorded["run_s"], None, recorded["peak_mib"]),
-        ("save", recorded["save_s"], None, None),  # in the recorded run's process
-        ("unrecorded, after", after["run_s"], None, after["peak_mib"]),
-        ("recording overhead", both - unit, None, None),
-        ("load", loaded["load_s"], None, loaded["peak_mib"]),
-        *((name, d["plot_s"], d["imports_s"], d["peak_mib"]) for name, d in drawn),
-    ]
+        ("unrecorded, before", before["run_s"], None, None, before["peak_mib"]),
+        ("recorded", recorded["run_s"], None, None, recorded["peak_mib"]),
+        ("save", recorded["save_s"], None, None, None),  # in the recorded run's process
+        ("unrecorded, after", after["run_s"], None, None, after["peak_mib"]),
+        ("recording overhead", both - unit, None, None, None),
+        ("  in the recorder", recorded["recorder_s"] + recorded["save_s"], None, None, None),
+        ("  the rest", both - unit - recorded["recorder_s"] - recorded["save_s"], None, None,
+         None),
+        ("load", loaded["load_s"], None, None, loaded["peak_mib"]),
+        *((f"viz --kind {kind}", d["plot_s"], d["imports_s"], floor[kind]["plot_s"],
+           d["peak_mib"]) for kind, d in drawn),
+    ]  # fmt: skip
     table = [
-        [name, f"{s:.2f}", f"{s / unit:.2f}", "-" if imports is None else f"{imports / unit:.2f}",
+        [name, f"{s:.2f}", *("-" if x is None else f"{x / unit:.2f}" for x in (s, imports, least)),
          "-" if peak is None else f"{peak:.0f}"]
-        for name, s, imports, peak in rows
+        for name, s, imports, least, peak in rows
     ]  # fmt: skip
     return recorded | {"frames": loaded["frames"], "unit_s": unit}, table
 
@@ -166,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  x unrecorded: seconds / {figures['unit_s']:.2f} s (the unrecorded runs' mean); "
           "recording overhead: recorded + save - unrecorded")  # fmt: skip
     print("  imports x: of a picture's multiple, importing matplotlib and numbakv.viz")
-    print_table(["phase", "s", "x unrecorded", "imports x", "peak MiB"], table)
+    print("  floor x: the same picture of --quick's trace (8 Ki cells x 200 steps), the same unit")
+    print_table(["phase", "s", "x unrecorded", "imports x", "floor x", "peak MiB"], table)
     return 0
 
 
