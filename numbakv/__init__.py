@@ -23,7 +23,7 @@ from pathlib import Path
 
 from numbakv import _checkout
 
-__version__ = "1.1.4"
+__version__ = "1.1.5"
 
 _EXPORTS = {
     "CellCache": "numbakv.cache.cellcache",
