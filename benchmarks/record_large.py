@@ -22,9 +22,10 @@ Every other phase's seconds are printed as multiples of it too, beside its proce
 resident memory (getrusage: the interpreter, numpy and, for the pictures, matplotlib
 included). Of a picture's seconds, the imports it makes (matplotlib and numbakv.viz, the
 same for any trace) are timed apart too: "imports x". "floor x" is the same picture of
-`--quick`'s nearly empty trace (recorded after the others), in the same unit: what a picture
-costs whatever the trace (the imports, loading, matplotlib's layout, text and file), which
-no picture of this scale's trace can go under.
+`--quick`'s nearly empty trace (recorded after the others; at --quick's cells, the picture
+itself), in the same unit: about what a picture costs whatever the trace (the imports,
+loading, matplotlib's layout, text and file), which no picture of a larger trace is
+expected to go under.
 """
 
 import argparse
@@ -86,10 +87,13 @@ def run(scale: dict, path: str | None = None) -> dict:
         initial_cells=min(4096, scale["cells"]),
     )  # fmt: skip
     cache = CellCache(config)
-    inside = Stopwatch()  # the recorder's own calls: its observer and annotate
-    Recorder._on_event = inside.wrap(Recorder._on_event)  # the observer a Recorder adds
+    inside = Stopwatch()  # the recorder's own calls: constructed, its observer, annotate
+
+    class Timed(Recorder):
+        _on_event = inside.wrap(Recorder._on_event)  # the observer a Recorder adds
+
     start = time.perf_counter()
-    recorder = None if path is None else inside.wrap(Recorder)(cache)
+    recorder = None if path is None else inside.wrap(Timed)(cache)
     hooks = () if recorder is None else (inside.wrap(recorder.annotate),)
     workload = Workload(cache, np.random.default_rng(0), (128, 1024), *hooks)
     for _ in range(scale["steps"]):
@@ -155,7 +159,7 @@ def measure(scale: dict, folder: str) -> tuple[dict, list[list[str]]]:
     loaded = phase("load", path)
     drawn = [(kind, phase("plot", path, kind, folder)) for kind in KINDS]
     floor = dict(drawn)  # a nearly empty trace's pictures: what drawing costs at any size
-    if scale != SCALES["quick"]:
+    if scale["cells"] > SCALES["quick"]["cells"]:  # else the trace is as small: its own
         tiny = str(Path(folder) / "tiny.npz")
         phase("run", json.dumps(SCALES["quick"]), tiny)
         floor = {kind: phase("plot", tiny, kind, folder) for kind in KINDS}

@@ -2,6 +2,7 @@
 pages (`numbakv.cli.process`); a program calling `numbakv.cli.main` keeps its own
 allocator's and numpy's settings."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -102,12 +103,25 @@ print(small_pages(), switch(True))
 
 
 def test_numpy_is_told_to_ask_for_no_huge_pages():
-    done = subprocess.run([sys.executable, "-c", SMALL_PAGES], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    done = subprocess.run([sys.executable, "-c", SMALL_PAGES], capture_output=True, text=True,
+                          env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False"], done.stdout  # huge pages were off
 
 
+@pytest.mark.parametrize("chosen", ["0", "1"])
+def test_the_users_numpy_madvise_hugepage_stands(monkeypatch, chosen):
+    calls = []
+    monkeypatch.setattr(process.np._core.multiarray, "_set_madvise_hugepage", calls.append)
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", chosen)
+    assert process.small_pages() is False and calls == []
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
+    assert process.small_pages() is True and calls == [False]
+
+
 def test_a_numpy_without_the_switch_is_left_alone(monkeypatch):
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
     monkeypatch.delattr(process.np._core.multiarray, "_set_madvise_hugepage")
     assert process.small_pages() is False
 

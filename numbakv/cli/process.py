@@ -38,17 +38,17 @@ def keep_freed_memory() -> bool:
 
 def small_pages() -> bool:
     """Has numpy stop asking the kernel for transparent huge pages for its large arrays
-    (madvise MADV_HUGEPAGE, from 4 MiB: numpy's NUMPY_MADVISE_HUGEPAGE=0, set after import).
-    Where the kernel's THP defrag is `madvise`, a common default, a huge page's first fault
-    may compact the system's memory first, on the faulting thread, for as long as the
-    host's memory is fragmented: at 1 Mi cells x 10 000 steps, with the freed memory kept,
-    `load_trace` took 2.13-3.31 s, 0.65-1.72 s of it in the kernel, on huge pages and
-    1.86-1.93 s, 0.32-0.34 s in the kernel, on small ones (docs/pictures.md). A command's
-    arrays live too short for a huge page's fewer TLB misses to pay that back.
+    (madvise MADV_HUGEPAGE, from 4 MiB), as NUMPY_MADVISE_HUGEPAGE=0 would at import. Where
+    the kernel's THP defrag is `madvise`, a common default, the first fault of such a page
+    may stop to compact the host's memory: at 1 Mi cells x 10 000 steps, with the freed
+    memory kept, `load_trace` took 1.90-3.54 s, 0.44-2.01 s of it in the kernel, on huge
+    pages and 1.78-1.82 s, 0.28-0.33 s in the kernel, on small ones (docs/pictures.md).
+    A command's arrays live too short for a huge page's fewer TLB misses to pay that back.
 
-    Returns True once set; False, changing nothing, where numpy has no such switch."""
+    Returns True once set; False, changing nothing, where NUMPY_MADVISE_HUGEPAGE is set
+    (the user's choice stands) or numpy has no such switch."""
     switch = getattr(np._core.multiarray, "_set_madvise_hugepage", None)
-    if switch is None:
+    if switch is None or "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return False
     switch(False)
     return True
