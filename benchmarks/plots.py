@@ -24,10 +24,9 @@ KINDS = ("cells", "mask", "timeline", "metrics", "locality", "movie", "all")
 
 
 def draw(trace: str, kind: str, folder: str) -> float:
-    """Seconds of `numbakv viz TRACE --kind KIND` (load, draw, save) into `folder`, this
-    process set up first as the command sets up its own (`numbakv.cli.command`)."""
+    """Seconds of `numbakv viz TRACE --kind KIND` (load, draw, save) into `folder`, in a
+    process its caller set up as the command sets up its own (`numbakv.cli.process.set_up`)."""
     started = time.perf_counter()
-    set_up()
     out = Path(folder) / f"{kind}.{'gif' if kind == 'movie' else 'png'}"
     cli_main(["viz", trace, "--kind", kind, "-o", str(out)])
     return time.perf_counter() - started
@@ -38,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trace", help="a .npz trace (benchmarks.recording large --save)")
     parser.add_argument("--kind", choices=KINDS, action="append", help="default: every kind")
     args = parser.parse_args(argv)
+    set_up()  # once, before the first picture's imports, as the command does
     total = 0.0
     with tempfile.TemporaryDirectory() as folder:
         for kind in args.kind or KINDS:

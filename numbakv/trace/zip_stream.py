@@ -94,7 +94,7 @@ class Stream:
         parts, kept = _submit(lambda: (list(self._parts), list(self._kept))).result()
         inflate = zlib.decompressobj(-15)
         body = [inflate.decompress(part) for part in parts]
-        return b"".join([*body, *(np.ascontiguousarray(chunk).tobytes() for chunk in kept)])
+        return b"".join([*body, *(chunk.tobytes() for chunk in kept)])
 
     def _hand_off(self) -> None:
         if self._waiting:
